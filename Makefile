@@ -1,0 +1,40 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: demo test lint plans bench setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@command -v dot >/dev/null 2>&1 || { \
+	  echo "installing the Graphviz 'dot' binary (apt-get)"; \
+	  (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || \
+	  echo "warning: could not install graphviz; svg/png export tests will be skipped"; }
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dctms demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Re-compile the checked-in plans from their configs (a test fails when they drift).
+plans: $(STAMP)
+	$(BIN)/dctms compile plans/configs/qwen2.5-1.5b-instruct-4bit.json -N 2048 -M 256 -o plans/qwen1.5b.plan
+	$(BIN)/dctms compile plans/configs/qwen2.5-7b-instruct-4bit.json -N 2048 -M 256 -o plans/qwen7b.plan
+
+bench: $(STAMP)
+	$(BIN)/python bench/planner.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -1,0 +1,34 @@
+"""The project's own error types: every bad input ends in one of these, never a traceback."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class DctmsError(Exception):
+    """A problem with the user's input. The CLI prints ``str(err)`` on one line and exits 2."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One verifier finding: ``path`` is a JSON path into the plan (``$.phases[0].tensors[3]``)."""
+
+    path: str
+    message: str
+    rule: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class PlanError(DctmsError):
+    """A plan that cannot be read or is not valid; ``problems`` lists every finding."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = problems
+        first = problems[0] if problems else Problem("$", "invalid plan")
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(f"{source}: {first}{more}")

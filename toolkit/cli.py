@@ -1,0 +1,63 @@
+"""`dctms` command line: one subcommand per module in ``dctms.toolkit.commands``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from dctms.schema.errors import DctmsError
+
+# Each module defines ``register(subparsers)`` which adds its parser with ``set_defaults(func=...)``;
+# ``func(args) -> int`` returns the exit status.
+COMMANDS = [
+    "validate",
+    "show",
+    "compile",
+    "run",
+    "demo",
+    "bench",
+    "diff",
+    "dot",
+    "trace",
+    "fit",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dctms",
+        description="Deterministic compile-time memory plans for MLX LLM inference.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"dctms.toolkit.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name == f"dctms.toolkit.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except DctmsError as err:
+        print(f"dctms {args.command}: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"dctms {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
