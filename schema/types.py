@@ -10,7 +10,7 @@ the tensor is written in slot ``s`` and last read in slot ``e`` (both inclusive)
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -22,6 +22,20 @@ MAX_BYTES = 2**53
 Bytes = msgspec.Meta(ge=0, le=MAX_BYTES)
 Count = msgspec.Meta(ge=0, le=2**31)
 
+# Value constraints (checked by msgspec on decode and by plan.schema.json). Semantic checks that relate
+# fields to each other (e.g. batch >= 1, kv_capacity >= N + M) live in ``verify`` so they get readable,
+# rule-named messages instead of bare range errors.
+ByteCount = Annotated[int, Bytes]
+Int = Annotated[int, Count]  # counts, indices, shape dimensions, slots
+Positive = Annotated[int, msgspec.Meta(ge=1, le=2**31)]
+SignedBytes = Annotated[int, msgspec.Meta(ge=-MAX_BYTES, le=MAX_BYTES)]  # M_free may be negative
+Name = Annotated[str, msgspec.Meta(min_length=1)]
+Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+Shape = list[Int]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Interval = Annotated[list[Int], msgspec.Meta(min_length=2, max_length=2)]
+
 
 class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     pass
@@ -30,57 +44,57 @@ class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaul
 class Generator(_Base):
     """Versions of the tools that wrote the plan (MLX primitive encoding is version-specific)."""
 
-    dctms: str
-    mlx: str
-    mlx_lm: str
+    dctms: Name
+    mlx: Name
+    mlx_lm: Name
 
 
 class KVStorage(_Base):
     """How the static KV cache is stored: plain ``dtype``, or affine-quantised with ``bits``."""
 
-    dtype: str
-    bits: int | None = None
-    group_size: int | None = None
+    dtype: Name
+    bits: Positive | None = None
+    group_size: Positive | None = None
 
 
 class Bounds(_Base):
-    input_tokens: int  # N: longest prompt accepted
-    output_tokens: int  # M: most tokens generated
-    batch: int
-    prefill_chunk: int  # tokens per prefill call; the last chunk is padded and masked
-    dtype: str  # activation / weight dtype of the model
+    input_tokens: Int  # N: longest prompt accepted
+    output_tokens: Int  # M: most tokens generated
+    batch: Int
+    prefill_chunk: Int  # tokens per prefill call; the last chunk is padded and masked
+    dtype: Name  # activation / weight dtype of the model
     kv: KVStorage
-    kv_capacity: int  # positions allocated in the static cache (>= N + M)
+    kv_capacity: Int  # positions allocated in the static cache (>= N + M)
 
 
 class Quantization(_Base):
-    group_size: int
-    bits: int
-    mode: str = "affine"
+    group_size: Positive
+    bits: Positive
+    mode: Name = "affine"
 
 
 class WeightTensor(_Base):
-    name: str
-    shape: list[int]
-    dtype: str
-    bytes: int
+    name: Name
+    shape: Shape
+    dtype: Name
+    bytes: ByteCount
 
 
 class Weights(_Base):
     """Fingerprint of the parameters the plan was compiled for."""
 
-    count: int
-    total_bytes: int
-    layout_sha256: str  # sha256 of the canonical (name, shape, dtype) list
+    count: Int
+    total_bytes: ByteCount
+    layout_sha256: Sha256  # sha256 of the canonical (name, shape, dtype) list
     tensors: list[WeightTensor]
-    files_sha256: dict[str, str] | None = None  # per safetensors file, when weights were present
+    files_sha256: dict[Name, Sha256] | None = None  # per safetensors file, when weights were present
 
 
 class ModelInfo(_Base):
-    architecture: str  # mlx-lm model_type, e.g. "qwen2"
-    config_sha256: str  # sha256 of the canonical JSON of config.json
-    num_layers: int
-    vocab_size: int
+    architecture: Name  # mlx-lm model_type, e.g. "qwen2"
+    config_sha256: Sha256  # sha256 of the canonical JSON of config.json
+    num_layers: Int
+    vocab_size: Int
     weights: Weights
     quantization: Quantization | None = None
 
@@ -88,28 +102,28 @@ class ModelInfo(_Base):
 class TargetProfile(_Base):
     """Roofline figures used by the scheduler's bandwidth constraint, each with its source."""
 
-    name: str
-    peak_flops: float
-    peak_flops_source: str
-    bandwidth_bytes_per_s: float
-    bandwidth_source: str
+    name: Name
+    peak_flops: NonNegFloat
+    peak_flops_source: Name
+    bandwidth_bytes_per_s: NonNegFloat
+    bandwidth_source: Name
 
 
 class Target(_Base):
-    backend: str  # "cpu" or "gpu": the MLX device the graph was traced for
-    alignment: int
+    backend: Name  # "cpu" or "gpu": the MLX device the graph was traced for
+    alignment: Positive
     profile: TargetProfile
-    device_memory: int | None = None
+    device_memory: ByteCount | None = None
 
 
 class StateTensor(_Base):
     """Memory that lives across steps, allocated once at plan capacity (KV cache, ...)."""
 
-    name: str
-    kind: str  # "kv" or "persistent"
-    shape: list[int]
-    dtype: str
-    bytes: int
+    name: Name
+    kind: Name  # "kv" or "persistent"
+    shape: Shape
+    dtype: Name
+    bytes: ByteCount
 
 
 class Binding(_Base):
@@ -120,98 +134,98 @@ class Binding(_Base):
     kind "output": a per-call result (``next_token``).
     """
 
-    id: str
+    id: Name
     kind: Literal["input", "weight", "state", "output"]
-    name: str
-    shape: list[int]
-    dtype: str
+    name: Name
+    shape: Shape
+    dtype: Name
 
 
 class Constant(_Base):
     """A constant baked into the graph; ``value`` is the flattened array (row-major)."""
 
-    id: str
-    shape: list[int]
-    dtype: str
+    id: Name
+    shape: Shape
+    dtype: Name
     value: list[Any]
 
 
 class Op(_Base):
     """One MLX primitive. ``args`` is the primitive's own argument list as MLX's exporter gives it."""
 
-    index: int
-    primitive: str
-    inputs: list[str]
-    outputs: list[str]
+    index: Int
+    primitive: Name
+    inputs: list[Name]
+    outputs: list[Name]
     args: list[Any] = []
-    layer: int | None = None  # decoder layer the op belongs to, when known
+    layer: Int | None = None  # decoder layer the op belongs to, when known
     memory_bound: bool = False  # arithmetic intensity below the target's ridge point
-    scratch: int = 0  # temporary bytes MLX allocates inside this op (e.g. contiguous copies)
+    scratch: ByteCount = 0  # temporary bytes MLX allocates inside this op (e.g. contiguous copies)
 
 
 class Tensor(_Base):
     """A primitive output. Views (``view_of`` set) alias another tensor's bytes and own none."""
 
-    id: str
-    shape: list[int]
-    dtype: str
-    bytes: int
-    interval: list[int]  # [first slot, last slot], inclusive
-    buffer: int | None = None
-    offset: int | None = None
-    view_of: str | None = None
+    id: Name
+    shape: Shape
+    dtype: Name
+    bytes: ByteCount
+    interval: Interval  # [first slot, last slot], inclusive
+    buffer: Int | None = None
+    offset: ByteCount | None = None
+    view_of: Name | None = None
     kind: Literal["intermediate", "state", "output"] = "intermediate"
 
 
 class Buffer(_Base):
     """A physical buffer of the interval colouring, sized to its largest tenant."""
 
-    id: int
-    bytes: int
+    id: Int
+    bytes: ByteCount
 
 
 class SyncPoint(_Base):
-    slot: int  # the host waits after this slot
-    reason: str
+    slot: Int  # the host waits after this slot
+    reason: Name
 
 
 class Phase(_Base):
-    name: str
-    tokens: int  # tokens processed per call of this phase
+    name: Name
+    tokens: Int  # tokens processed per call of this phase
     inputs: list[Binding]
     outputs: list[Binding]
     constants: list[Constant]
     ops: list[Op]
     tensors: list[Tensor]
     buffers: list[Buffer]
-    slots: list[list[int]]
+    slots: list[list[Int]]
     sync_points: list[SyncPoint]
-    arena_bytes: int
-    lower_bound_bytes: int
+    arena_bytes: ByteCount
+    lower_bound_bytes: ByteCount
 
 
 class Envelope(_Base):
     """M_max = weights + kv + persistent + intermediate + runtime (all bytes)."""
 
-    weights: int
-    kv: int
-    persistent: int
-    intermediate: int
-    runtime: int
-    total: int
+    weights: ByteCount
+    kv: ByteCount
+    persistent: ByteCount
+    intermediate: ByteCount
+    runtime: ByteCount
+    total: ByteCount
     runtime_source: str = ""
-    device: int | None = None
-    free: int | None = None
+    device: ByteCount | None = None
+    free: SignedBytes | None = None
 
 
 class Stats(_Base):
     """The paper's Table 1 figures plus the arena against its lower bound."""
 
-    logical_tensors: int
-    physical_buffers: int
-    reduction: float  # 1 - physical_buffers / logical_tensors
-    arena_bytes: int
-    lower_bound_bytes: int
+    logical_tensors: Int
+    physical_buffers: Int
+    reduction: Fraction  # 1 - physical_buffers / logical_tensors
+    arena_bytes: ByteCount
+    lower_bound_bytes: ByteCount
 
 
 class Plan(_Base):

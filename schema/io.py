@@ -1,0 +1,237 @@
+"""Canonical reading and writing of plan files.
+
+Writing: ``encode_plan`` gives deterministic UTF-8 JSON text (keys in struct field order, fields equal
+to their default omitted, layout from ``layout``, trailing newline); ``write_plan`` writes it atomically.
+
+Reading: ``decode_plan`` runs JSON parsing, the ``schema_version`` check, JSON Schema validation
+(every error), msgspec decoding and the semantic verifier, and raises ``PlanError`` listing every
+problem -- never anything else, whatever the bytes. ``read_plan`` adds file-level checks.
+
+Non-finite floats: JSON has no inf/nan, so inside ``Constant.value`` and ``Op.args`` they are written
+as the strings "inf", "-inf" and "nan" (``to_json_value``) and turned back into floats on reading
+(``from_json_value``). Consequently a genuine string "inf"/"-inf"/"nan" in those two fields reads back
+as a float. Non-finite floats anywhere else cannot be written.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from dctms.schema.errors import DctmsError, PlanError, Problem
+from dctms.schema.layout import layout
+from dctms.schema.paths import json_path
+from dctms.schema.schema_check import schema_problems
+from dctms.schema.types import Plan
+from dctms.schema.verify import verify_plan
+from dctms.schema.versions import version_problem
+
+# A 7B plan is about 2 MB; refuse anything far larger before reading it into memory.
+MAX_PLAN_FILE_BYTES = 256 * 2**20
+
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def to_json_value(value: Any) -> Any:
+    """``value`` with non-finite floats (at any depth) replaced by "inf", "-inf" or "nan"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json_value(v) for k, v in value.items()}
+    return value
+
+
+def from_json_value(value: Any) -> Any:
+    """Inverse of ``to_json_value``: the strings "inf", "-inf", "nan" (at any depth) become floats."""
+    if isinstance(value, str):
+        return _NON_FINITE.get(value, value)
+    if isinstance(value, list):
+        return [from_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: from_json_value(v) for k, v in value.items()}
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- write
+
+
+def encode_plan(plan: Plan) -> bytes:
+    """The canonical bytes of ``plan``: the same plan always gives the same bytes."""
+    # "deterministic" sorts plain dict keys (files_sha256, dicts in args) but keeps struct field order.
+    document = msgspec.to_builtins(plan, order="deterministic")
+    for phase in document["phases"]:
+        for op in phase["ops"]:
+            if "args" in op:
+                op["args"] = to_json_value(op["args"])
+        for constant in phase["constants"]:
+            constant["value"] = to_json_value(constant["value"])
+    bad = _non_finite_path(document, [])
+    if bad is not None:
+        raise PlanError("<encode>", [Problem(bad, "non-finite float cannot be written", "finite")])
+    return (layout(document) + "\n").encode("utf-8")
+
+
+def _non_finite_path(value: Any, parts: list[str | int]) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return json_path(parts)
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        found = _non_finite_path(item, parts + [key])
+        if found is not None:
+            return found
+    return None
+
+
+def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Write ``plan`` canonically to ``path``, atomically: readers see the old file or the new one.
+
+    The plan is not verified here (the compiler verifies before writing; a broken plan can be written
+    for inspection). Raises ``DctmsError`` when the file cannot be written.
+    """
+    data = encode_plan(plan)
+    target = Path(path)
+    try:
+        mode = target.stat().st_mode & 0o777 if target.exists() else _default_mode()
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as err:
+        raise DctmsError(f"cannot write {path}: {err.strerror or err}") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)  # mkstemp creates 0600; a plan is an ordinary file
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except BaseException as err:
+        Path(temp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise DctmsError(f"cannot write {path}: {err.strerror or err}") from None
+        raise
+    _fsync_directory(target.parent)
+
+
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename itself durable; not possible on every platform, and not needed for atomicity.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------------------------- read
+
+
+def read_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read and fully check the plan file at ``path``; ``PlanError`` (one clear line) on any problem."""
+    source = str(path)
+    target = Path(path)
+
+    def fail(message: str) -> PlanError:
+        return PlanError(source, [Problem("$", message, "file")])
+
+    try:
+        info = target.stat()
+        if target.is_dir():
+            raise fail("is a directory, not a plan file")
+        if not target.is_file():
+            raise fail("is not a regular file")
+        if info.st_size > MAX_PLAN_FILE_BYTES:
+            raise fail(f"file is too large for a plan ({info.st_size} bytes)")
+        data = target.read_bytes()
+    except FileNotFoundError:
+        raise fail("no such file") from None
+    except PermissionError:
+        raise fail("permission denied") from None
+    except OSError as err:
+        raise fail(f"cannot read: {err.strerror or err}") from None
+    if not data.strip():
+        raise fail("file is empty" if not data else "file contains only whitespace")
+    return decode_plan(data, source)
+
+
+def decode_plan(data: bytes, source: str = "<plan>") -> Plan:
+    """Parse, validate and verify plan bytes; raises ``PlanError`` with every problem found."""
+    try:
+        plan, problems = _decode(data)
+    except RecursionError:
+        problems = [Problem("$", "nested too deeply", "json")]
+    except Exception as err:  # noqa: BLE001 - the contract is PlanError for any input whatsoever
+        problems = [Problem("$", f"cannot decode ({type(err).__name__}: {err})", "json")]
+    if problems:
+        raise PlanError(source, problems)
+    return plan
+
+
+def _decode(data: bytes) -> tuple[Plan | None, list[Problem]]:
+    if not bytes(data).strip():
+        return None, [Problem("$", "empty input (no JSON document)", "json")]
+    try:
+        document = msgspec.json.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        return None, [Problem("$", f"not valid JSON: {err}", "json")]
+    if not isinstance(document, dict):
+        return None, [Problem("$", "expected a JSON object (a dctms plan)", "schema")]
+    version = version_problem(document)
+    if version is not None:
+        return None, [version]
+    problems = schema_problems(document)
+    if problems:
+        return None, problems
+    try:
+        plan = msgspec.json.decode(data, type=Plan)
+    except msgspec.ValidationError as err:
+        # JSON Schema and msgspec agree except in corners (1.0 is an integer to JSON Schema only).
+        return None, [_msgspec_problem(err)]
+    plan = _restore_non_finite(plan)
+    return plan, verify_plan(plan)
+
+
+_AT = re.compile(r"^(?P<message>.*) - at `(?P<path>\$[^`]*)`$", re.DOTALL)
+
+
+def _msgspec_problem(err: msgspec.ValidationError) -> Problem:
+    text = str(err)
+    match = _AT.match(text)
+    if match is None:
+        return Problem("$", text, "schema")
+    message = match["message"]
+    return Problem(match["path"], message[:1].lower() + message[1:], "schema")
+
+
+def _restore_non_finite(plan: Plan) -> Plan:
+    phases = []
+    for phase in plan.phases:
+        ops = [
+            msgspec.structs.replace(op, args=from_json_value(op.args)) if op.args else op
+            for op in phase.ops
+        ]
+        constants = [
+            msgspec.structs.replace(c, value=from_json_value(c.value)) for c in phase.constants
+        ]
+        phases.append(msgspec.structs.replace(phase, ops=ops, constants=constants))
+    return msgspec.structs.replace(plan, phases=phases)

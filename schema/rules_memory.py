@@ -1,0 +1,281 @@
+"""Verifier rules about memory: byte counts, intervals, views, buffers and the arena."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dctms.schema.phase_index import PhaseIndex, PlanIndex, valid_interval
+from dctms.schema.sizes import (
+    ITEMSIZE,
+    align_up,
+    is_arena_tenant,
+    lower_bound_bytes,
+    nbytes,
+    num_elements,
+)
+from dctms.schema.types import Tensor
+
+Finding = tuple[str, str]
+
+
+def _alignment(ix: PlanIndex) -> int:
+    return max(1, ix.plan.target.alignment)
+
+
+def _tenants(px: PhaseIndex) -> list[tuple[int, Tensor]]:
+    """Arena tenants with a usable interval, with their positions in ``phase.tensors``."""
+    return [
+        (pos, t)
+        for pos, t in enumerate(px.phase.tensors)
+        if is_arena_tenant(t) and valid_interval(t, px.num_slots)
+    ]
+
+
+def dtype_known(ix: PlanIndex) -> Iterator[Finding]:
+    """Every dtype is one MLX has (see ``sizes.ITEMSIZE``)."""
+    plan = ix.plan
+    named = [("$.bounds.dtype", plan.bounds.dtype), ("$.bounds.kv.dtype", plan.bounds.kv.dtype)]
+    named += [
+        (f"$.model.weights.tensors[{i}].dtype", w.dtype)
+        for i, w in enumerate(plan.model.weights.tensors)
+    ]
+    named += [(f"$.state[{i}].dtype", s.dtype) for i, s in enumerate(plan.state)]
+    for px in ix.phases:
+        for field in ("inputs", "outputs", "constants", "tensors"):
+            for i, item in enumerate(getattr(px.phase, field)):
+                named.append((f"{px.path}.{field}[{i}].dtype", item.dtype))
+    for path, dtype in named:
+        if dtype not in ITEMSIZE:
+            yield path, f"unknown dtype {dtype!r}"
+
+
+def tensor_bytes(ix: PlanIndex) -> Iterator[Finding]:
+    """bytes == prod(shape) * itemsize(dtype) for tensors, state and weights."""
+    plan = ix.plan
+    sized = [(f"$.model.weights.tensors[{i}]", w) for i, w in enumerate(plan.model.weights.tensors)]
+    sized += [(f"$.state[{i}]", s) for i, s in enumerate(plan.state)]
+    for px in ix.phases:
+        sized += [(px.tensor_path(i), t) for i, t in enumerate(px.phase.tensors)]
+    for path, item in sized:
+        if item.dtype in ITEMSIZE and item.bytes != nbytes(item.shape, item.dtype):
+            expected = nbytes(item.shape, item.dtype)
+            yield (
+                f"{path}.bytes",
+                f"{item.bytes} bytes, but shape {item.shape} of {item.dtype} is {expected}",
+            )
+
+
+def constant_size(ix: PlanIndex) -> Iterator[Finding]:
+    """A constant's value holds prod(shape) elements (it is the flattened array)."""
+    for px in ix.phases:
+        for i, c in enumerate(px.phase.constants):
+            if len(c.value) != num_elements(c.shape):
+                yield (
+                    f"{px.path}.constants[{i}].value",
+                    f"{len(c.value)} values for shape {c.shape} ({num_elements(c.shape)} elements)",
+                )
+
+
+def interval_bounds(ix: PlanIndex) -> Iterator[Finding]:
+    """0 <= s <= e < number of slots."""
+    for px in ix.phases:
+        for i, t in enumerate(px.phase.tensors):
+            if not valid_interval(t, px.num_slots):
+                yield (
+                    f"{px.tensor_path(i)}.interval",
+                    f"interval {t.interval} is not [s, e] with 0 <= s <= e < {px.num_slots} (slots)",
+                )
+
+
+def interval_producer(ix: PlanIndex) -> Iterator[Finding]:
+    """A tensor's interval starts in the slot of the op that produces it."""
+    for px in ix.phases:
+        for i, t in enumerate(px.phase.tensors):
+            producer = px.producer.get(t.id)
+            if producer is None or producer not in px.slot_of or not t.interval:
+                continue
+            if t.interval[0] != px.slot_of[producer]:
+                yield (
+                    f"{px.tensor_path(i)}.interval",
+                    f"starts at slot {t.interval[0]} but op {producer} produces it in slot {px.slot_of[producer]}",
+                )
+
+
+def interval_last_use(ix: PlanIndex) -> Iterator[Finding]:
+    """A tensor's interval ends at its last read (consumers and views); phase outputs at the end."""
+    for px in ix.phases:
+        outputs = px.output_ids("output")
+        for i, t in enumerate(px.phase.tensors):
+            if t.kind == "state" or not valid_interval(t, px.num_slots):
+                continue  # state aliases persistent memory and lives on after the phase
+            expected, reason = _expected_end(px, t, outputs)
+            if expected is not None and t.interval[1] != expected:
+                yield f"{px.tensor_path(i)}.interval", f"ends at slot {t.interval[1]}, but {reason}"
+
+
+def _expected_end(px: PhaseIndex, t: Tensor, outputs: set[str]) -> tuple[int | None, str]:
+    if t.id in outputs or t.kind == "output":
+        return (
+            px.num_slots - 1,
+            f"it is a phase output, live until the last slot ({px.num_slots - 1})",
+        )
+    end, reason = t.interval[0], "it is never read after its first slot"
+    for consumer in px.consumers.get(t.id, []):
+        if consumer not in px.slot_of:
+            return None, ""  # unscheduled consumer: slots_cover reports it
+        if px.slot_of[consumer] > end:
+            end, reason = (
+                px.slot_of[consumer],
+                f"its last reader, op {consumer}, runs in slot {px.slot_of[consumer]}",
+            )
+    for view_pos in px.views_of.get(t.id, []):
+        view = px.phase.tensors[view_pos]
+        if valid_interval(view, px.num_slots) and view.interval[1] > end:
+            end, reason = (
+                view.interval[1],
+                f"its view {view.id!r} lives until slot {view.interval[1]}",
+            )
+    return end, reason
+
+
+def view_root(ix: PlanIndex) -> Iterator[Finding]:
+    """view_of names a root (a non-view tensor, input binding or constant); views own no bytes."""
+    for px in ix.phases:
+        tensors = px.phase.tensors
+        for i, t in enumerate(tensors):
+            if t.view_of is None:
+                continue
+            where = f"{px.tensor_path(i)}.view_of"
+            if t.view_of == t.id:
+                yield where, "a tensor cannot be a view of itself"
+            elif t.view_of in px.tensor_at:
+                root = tensors[px.tensor_at[t.view_of]]
+                if root.view_of is not None:
+                    yield (
+                        where,
+                        f"names view {root.id!r}; view_of must name the root {root.view_of!r}",
+                    )
+            elif not px.is_external(t.view_of):
+                yield where, f"names unknown tensor {t.view_of!r}"
+            if t.buffer is not None or t.offset is not None:
+                yield (
+                    px.tensor_path(i),
+                    "a view owns no bytes: it must have no buffer and no offset",
+                )
+
+
+def arena_overlap(ix: PlanIndex) -> Iterator[Finding]:
+    """Tenants live at the same time never share arena bytes (sweep over time, active set)."""
+    for px in ix.phases:
+        placed = [(i, t) for i, t in _tenants(px) if t.offset is not None and t.bytes > 0]
+        placed.sort(key=lambda item: (item[1].interval[0], item[1].interval[1], item[1].offset))
+        active: list[tuple[int, Tensor]] = []
+        for i, t in placed:
+            start = t.interval[0]
+            active = [(j, a) for j, a in active if a.interval[1] >= start]  # still live at `start`
+            lo, hi = t.offset, t.offset + t.bytes
+            for _, a in active:
+                if a.offset < hi and lo < a.offset + a.bytes:
+                    both = f"{max(start, a.interval[0])}..{min(t.interval[1], a.interval[1])}"
+                    yield (
+                        px.tensor_path(i),
+                        f"bytes [{lo}, {hi}) overlap tensor {a.id!r} [{a.offset}, {a.offset + a.bytes}) "
+                        f"while both are live (slots {both})",
+                    )
+            active.append((i, t))
+
+
+def buffer_overlap(ix: PlanIndex) -> Iterator[Finding]:
+    """Tenants of one colouring buffer are never live at the same time."""
+    for px in ix.phases:
+        by_buffer: dict[int, list[tuple[int, Tensor]]] = {}
+        for i, t in _tenants(px):
+            if t.buffer is not None:
+                by_buffer.setdefault(t.buffer, []).append((i, t))
+        for buffer_id, tenants in by_buffer.items():
+            tenants.sort(key=lambda item: item[1].interval)
+            latest: Tensor | None = None  # the tenant live longest so far
+            for i, t in tenants:
+                if latest is not None and t.interval[0] <= latest.interval[1]:
+                    yield (
+                        f"{px.tensor_path(i)}.buffer",
+                        f"shares buffer {buffer_id} with {latest.id!r} while both are live "
+                        f"({t.interval} and {latest.interval})",
+                    )
+                if latest is None or t.interval[1] > latest.interval[1]:
+                    latest = t
+
+
+def buffer_holds_tenants(ix: PlanIndex) -> Iterator[Finding]:
+    """Every tenant has an existing buffer large enough and an aligned offset; state has neither."""
+    alignment = _alignment(ix)
+    for px in ix.phases:
+        buffers = {b.id: b for b in px.phase.buffers}
+        for i, t in enumerate(px.phase.tensors):
+            path = px.tensor_path(i)
+            if t.view_of is not None:
+                continue  # view_root owns views
+            if not is_arena_tenant(t):
+                if t.buffer is not None or t.offset is not None:
+                    yield path, "a state tensor aliases persistent state: no buffer or offset"
+                continue
+            if t.buffer is None:
+                yield f"{path}.buffer", "arena tensor has no buffer"
+            elif t.buffer not in buffers:
+                yield f"{path}.buffer", f"buffer {t.buffer} does not exist"
+            elif t.bytes > buffers[t.buffer].bytes:
+                yield (
+                    f"{path}.buffer",
+                    f"{t.bytes} bytes do not fit buffer {t.buffer} ({buffers[t.buffer].bytes} bytes)",
+                )
+            if t.offset is None:
+                yield f"{path}.offset", "arena tensor has no offset"
+            elif t.offset % alignment:
+                yield (
+                    f"{path}.offset",
+                    f"offset {t.offset} is not a multiple of the alignment {alignment}",
+                )
+
+
+def buffer_sized(ix: PlanIndex) -> Iterator[Finding]:
+    """Each buffer has tenants and is exactly as large as its largest one (the colouring's rule)."""
+    for px in ix.phases:
+        largest: dict[int, int] = {}
+        for t in px.phase.tensors:
+            if is_arena_tenant(t) and t.buffer is not None:
+                largest[t.buffer] = max(largest.get(t.buffer, 0), t.bytes)
+        for k, b in enumerate(px.phase.buffers):
+            where = f"{px.path}.buffers[{k}].bytes"
+            if b.id not in largest:
+                yield f"{px.path}.buffers[{k}]", f"buffer {b.id} has no tenant"
+            elif b.bytes != largest[b.id]:
+                yield (
+                    where,
+                    f"buffer {b.id} is {b.bytes} bytes but its largest tenant is {largest[b.id]}",
+                )
+
+
+def arena_bounds(ix: PlanIndex) -> Iterator[Finding]:
+    """The arena holds every tenant; the lower bound is recomputed exactly and is <= the arena."""
+    alignment = _alignment(ix)
+    for px in ix.phases:
+        phase = px.phase
+        for i, t in enumerate(phase.tensors):
+            if is_arena_tenant(t) and t.offset is not None:
+                end = align_up(t.offset + t.bytes, alignment)
+                if end > phase.arena_bytes:
+                    yield (
+                        f"{px.tensor_path(i)}.offset",
+                        f"ends at byte {end} (aligned), beyond arena_bytes {phase.arena_bytes}",
+                    )
+        bound = lower_bound_bytes(phase.tensors, px.num_slots, alignment)
+        if phase.lower_bound_bytes != bound:
+            yield (
+                f"{px.path}.lower_bound_bytes",
+                f"{phase.lower_bound_bytes}, but the most aligned bytes live in one slot is {bound}",
+            )
+        if phase.lower_bound_bytes > phase.arena_bytes:
+            yield (
+                f"{px.path}.lower_bound_bytes",
+                f"lower bound {phase.lower_bound_bytes} exceeds arena_bytes {phase.arena_bytes}",
+            )

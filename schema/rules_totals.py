@@ -1,0 +1,182 @@
+"""Verifier rules about plan-wide figures: bounds, bindings, state, weights, envelope, stats."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from dctms.schema.phase_index import PlanIndex
+from dctms.schema.sizes import is_arena_tenant
+
+Finding = tuple[str, str]
+
+STATE_KINDS = ("kv", "persistent")
+INPUT_KINDS = ("input", "weight", "state")
+OUTPUT_KINDS = ("output", "state")
+
+
+def bounds(ix: PlanIndex) -> Iterator[Finding]:
+    """N, M, batch and chunk are >= 1 and the static cache holds N + M and the padded last chunk."""
+    b = ix.plan.bounds
+    for name in ("input_tokens", "output_tokens", "batch", "prefill_chunk"):
+        if getattr(b, name) < 1:
+            yield f"$.bounds.{name}", f"must be >= 1, got {getattr(b, name)}"
+    if b.kv_capacity < b.input_tokens + b.output_tokens:
+        yield (
+            "$.bounds.kv_capacity",
+            (
+                f"{b.kv_capacity} positions cannot hold input_tokens + output_tokens "
+                f"({b.input_tokens} + {b.output_tokens})"
+            ),
+        )
+    if b.prefill_chunk >= 1:
+        padded = math.ceil(b.input_tokens / b.prefill_chunk) * b.prefill_chunk
+        if b.kv_capacity < padded:
+            yield (
+                "$.bounds.kv_capacity",
+                (
+                    f"{b.kv_capacity} positions cannot hold the padded prompt "
+                    f"({padded} = input_tokens rounded up to prefill_chunk {b.prefill_chunk})"
+                ),
+            )
+    if (b.kv.bits is None) != (b.kv.group_size is None):
+        yield "$.bounds.kv", "a quantised KV cache needs both bits and group_size"
+    for k, phase in enumerate(ix.plan.phases):
+        if phase.tokens < 1:
+            yield f"$.phases[{k}].tokens", f"must be >= 1, got {phase.tokens}"
+
+
+def state_kind(ix: PlanIndex) -> Iterator[Finding]:
+    """State is either KV cache or other persistent memory (the envelope counts them apart)."""
+    for i, s in enumerate(ix.plan.state):
+        if s.kind not in STATE_KINDS:
+            yield (
+                f"$.state[{i}].kind",
+                f"unknown state kind {s.kind!r} (expected one of {STATE_KINDS})",
+            )
+
+
+def weights_fingerprint(ix: PlanIndex) -> Iterator[Finding]:
+    """The weights fingerprint's count and total match its tensor list."""
+    w = ix.plan.model.weights
+    if w.count != len(w.tensors):
+        yield "$.model.weights.count", f"count {w.count}, but {len(w.tensors)} tensors are listed"
+    total = sum(t.bytes for t in w.tensors)
+    if w.total_bytes != total:
+        yield (
+            "$.model.weights.total_bytes",
+            f"{w.total_bytes}, but the listed tensors add up to {total}",
+        )
+
+
+def bindings(ix: PlanIndex) -> Iterator[Finding]:
+    """Bindings have the right direction and match what they name: weights, state, output tensors."""
+    plan = ix.plan
+    weights = {w.name: w for w in plan.model.weights.tensors}
+    state = {s.name: s for s in plan.state}
+    for px in ix.phases:
+        for field, allowed in (("inputs", INPUT_KINDS), ("outputs", OUTPUT_KINDS)):
+            for k, b in enumerate(getattr(px.phase, field)):
+                where = f"{px.path}.{field}[{k}]"
+                if b.kind not in allowed:
+                    yield f"{where}.kind", f"a phase {field[:-1]} cannot be of kind {b.kind!r}"
+                    continue
+                target = {"weight": weights, "state": state}.get(b.kind)
+                if target is not None:
+                    named = target.get(b.name)
+                    if named is None:
+                        yield f"{where}.name", f"no {b.kind} named {b.name!r} in the plan"
+                    elif (named.shape, named.dtype) != (b.shape, b.dtype):
+                        yield (
+                            where,
+                            (
+                                f"{b.kind} {b.name!r} is {named.shape} {named.dtype}, "
+                                f"binding says {b.shape} {b.dtype}"
+                            ),
+                        )
+                if field == "outputs" and b.id in px.tensor_at:
+                    tensor = px.phase.tensors[px.tensor_at[b.id]]
+                    if (tensor.shape, tensor.dtype) != (b.shape, b.dtype):
+                        yield (
+                            where,
+                            (
+                                f"tensor {b.id!r} is {tensor.shape} {tensor.dtype}, binding says {b.shape} {b.dtype}"
+                            ),
+                        )
+                    if tensor.kind != b.kind:
+                        yield where, f"binds tensor {b.id!r} of kind {tensor.kind!r} as {b.kind!r}"
+        bound = {b.id for b in px.phase.outputs}
+        for i, t in enumerate(px.phase.tensors):
+            if t.kind in OUTPUT_KINDS and t.id not in bound:
+                yield (
+                    f"{px.tensor_path(i)}.kind",
+                    f"a tensor of kind {t.kind!r} must be named in the phase outputs",
+                )
+
+
+def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
+    """M_max is the sum of its parts, and each part matches the plan it summarises."""
+    plan, env = ix.plan, ix.plan.envelope
+    parts = env.weights + env.kv + env.persistent + env.intermediate + env.runtime
+    if env.total != parts:
+        yield (
+            "$.envelope.total",
+            f"{env.total}, but weights+kv+persistent+intermediate+runtime = {parts}",
+        )
+    largest = max((p.arena_bytes for p in plan.phases), default=0)
+    if env.intermediate < largest:
+        yield (
+            "$.envelope.intermediate",
+            f"{env.intermediate} is less than the largest phase arena ({largest})",
+        )
+    for name in STATE_KINDS:
+        total = sum(s.bytes for s in plan.state if s.kind == name)
+        if getattr(env, name) != total:
+            yield (
+                f"$.envelope.{name}",
+                f"{getattr(env, name)}, but the {name} state adds up to {total}",
+            )
+    if env.weights != plan.model.weights.total_bytes:
+        yield (
+            "$.envelope.weights",
+            f"{env.weights}, but the model's weights total {plan.model.weights.total_bytes}",
+        )
+    if env.device != plan.target.device_memory:
+        yield (
+            "$.envelope.device",
+            f"{env.device}, but the target's device_memory is {plan.target.device_memory}",
+        )
+    if env.device is None:
+        if env.free is not None:
+            yield "$.envelope.free", "free is given without a device size"
+    elif env.free != env.device - env.total:
+        yield "$.envelope.free", f"{env.free}, but device - total = {env.device - env.total}"
+
+
+def stats(ix: PlanIndex) -> Iterator[Finding]:
+    """Table 1 figures and the arena summary are recomputed from the phases."""
+    plan, st = ix.plan, ix.plan.stats
+    logical = sum(1 for p in plan.phases for t in p.tensors if is_arena_tenant(t))
+    physical = sum(len(p.buffers) for p in plan.phases)
+    if st.logical_tensors != logical:
+        yield (
+            "$.stats.logical_tensors",
+            f"{st.logical_tensors}, but the phases have {logical} arena tensors",
+        )
+    if st.physical_buffers != physical:
+        yield (
+            "$.stats.physical_buffers",
+            f"{st.physical_buffers}, but the phases have {physical} buffers",
+        )
+    reduction = 1 - st.physical_buffers / st.logical_tensors if st.logical_tensors else 0.0
+    if not abs(st.reduction - reduction) <= 1e-9:
+        yield "$.stats.reduction", f"{st.reduction}, but 1 - physical/logical = {reduction}"
+    arena = max((p.arena_bytes for p in plan.phases), default=0)
+    if st.arena_bytes != arena:
+        yield "$.stats.arena_bytes", f"{st.arena_bytes}, but the largest phase arena is {arena}"
+    bound = max((p.lower_bound_bytes for p in plan.phases), default=0)
+    if st.lower_bound_bytes != bound:
+        yield (
+            "$.stats.lower_bound_bytes",
+            f"{st.lower_bound_bytes}, but the largest phase lower bound is {bound}",
+        )

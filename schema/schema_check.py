@@ -1,0 +1,125 @@
+"""JSON Schema validation of a parsed plan document, with every error as a readable ``Problem``.
+
+jsonschema's own messages embed ``repr`` of the offending value (which can be megabytes of garbage) and
+say "is not valid under any of the given schemas" for optional fields; these are rewritten into short
+"expected X, got Y" lines with the JSON path of the field.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from dctms.schema.errors import Problem
+from dctms.schema.paths import json_path
+from dctms.schema.schema_gen import SCHEMA_PATH
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+RULE = "schema"
+_MAX_SHOWN = 40  # characters of a value quoted in a message
+
+
+@functools.cache
+def plan_schema() -> dict[str, Any]:
+    """The checked-in ``plan.schema.json``."""
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _validator() -> Draft202012Validator:
+    return Draft202012Validator(plan_schema())
+
+
+def schema_problems(document: Any) -> list[Problem]:
+    """Every way ``document`` violates the plan schema, sorted by location, without duplicates."""
+    found: dict[tuple[Any, ...], Problem] = {}
+    for error in _validator().iter_errors(document):
+        for parts, message in _describe(error):
+            problem = Problem(json_path(parts), message, RULE)
+            found.setdefault((_sort_key(parts), message), problem)
+    return [found[key] for key in sorted(found)]
+
+
+def _sort_key(parts: list[str | int]) -> tuple[tuple[int, Any], ...]:
+    # Mixed str/int paths: sort indices numerically and before keys.
+    return tuple((0, p) if isinstance(p, int) else (1, p) for p in parts)
+
+
+def _describe(error: ValidationError) -> list[tuple[list[str | int], str]]:
+    parts = list(error.absolute_path)
+    kind, value, instance = error.validator, error.validator_value, error.instance
+    if kind == "required":
+        missing = [name for name in value if isinstance(instance, dict) and name not in instance]
+        return [(parts + [name], "missing required field") for name in missing]
+    if kind == "additionalProperties" and isinstance(instance, dict):
+        known = error.schema.get("properties", {})
+        extra = [name for name in instance if name not in known]
+        return [(parts + [name], "unknown field (not in the plan schema)") for name in extra]
+    if kind in ("anyOf", "oneOf"):
+        # An optional field: report why the non-null branch rejected the value, or both types.
+        deeper = [sub for sub in error.context or () if sub.validator != "type"]
+        if deeper:
+            return [item for sub in deeper for item in _describe(sub)]
+        types = [s.get("type") or _kind_of(s) for s in value if isinstance(s, dict)]
+        return [(parts, f"expected {' or '.join(map(str, types))}, got {_show(instance)}")]
+    return [(parts, _message(kind, value, instance, error))]
+
+
+def _message(kind: str, value: Any, instance: Any, error: ValidationError) -> str:
+    if kind == "type":
+        return f"expected {value}, got {_show(instance)}"
+    if kind == "minimum":
+        return f"must be >= {value}, got {_show(instance)}"
+    if kind == "maximum":
+        return f"must be <= {value}, got {_show(instance)}"
+    if kind == "minLength":
+        return "must not be empty" if value == 1 else f"must have at least {value} characters"
+    if kind == "pattern":
+        return f"must match {value}, got {_show(instance)}"
+    if kind in ("minItems", "maxItems"):
+        low, high = error.schema.get("minItems"), error.schema.get("maxItems")
+        if low == high:
+            return f"must have exactly {low} items, got {len(instance)}"
+        bound = "at least" if kind == "minItems" else "at most"
+        return f"must have {bound} {value} items, got {len(instance)}"
+    if kind == "enum":
+        return f"must be one of {', '.join(map(_show, value))}; got {_show(instance)}"
+    if kind == "const":
+        return f"must be {_show(value)}, got {_show(instance)}"
+    if kind == "propertyNames":
+        return f"invalid key {_show(instance)}"
+    return _shorten(error.message, 200)
+
+
+def _kind_of(subschema: dict[str, Any]) -> str:
+    if "$ref" in subschema:
+        return "object " + subschema["$ref"].rsplit("/", 1)[-1]
+    if "enum" in subschema or "const" in subschema:
+        return "a fixed value"
+    return "value"
+
+
+def _show(value: Any) -> str:
+    """A short description of a JSON value for a message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and abs(value) >= 10**16:
+        return f"{value:.3e}"  # absurd sizes: 1.000e+30 rather than 31 digits
+    if isinstance(value, (int, float)):
+        return _shorten(repr(value))
+    if isinstance(value, str):
+        return _shorten(json.dumps(value, ensure_ascii=True))
+    if isinstance(value, list):
+        return f"an array of {len(value)} items"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _shorten(text: str, limit: int = _MAX_SHOWN) -> str:
+    text = " ".join(text.split())  # one line
+    return text if len(text) <= limit else text[: limit - 3] + "..."

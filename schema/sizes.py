@@ -1,0 +1,80 @@
+"""Byte-count conventions shared by the compiler, the verifier and the runner.
+
+One place decides what a dtype costs, how offsets are aligned and which tensors live in the arena,
+so the planner and the verifier cannot disagree about them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from dctms.schema.types import Tensor
+
+# MLX dtypes by name; bytes per element.
+ITEMSIZE: dict[str, int] = {
+    "bool": 1,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "complex64": 8,
+}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of ``dtype``; raises ``KeyError`` for a name MLX does not have."""
+    return ITEMSIZE[dtype]
+
+
+def num_elements(shape: Iterable[int]) -> int:
+    """Elements of an array of ``shape`` (1 for a scalar, shape ``[]``)."""
+    return math.prod(shape)
+
+
+def nbytes(shape: Iterable[int], dtype: str) -> int:
+    """Bytes of a dense row-major array of ``shape`` and ``dtype``."""
+    return num_elements(shape) * itemsize(dtype)
+
+
+def align_up(value: int, alignment: int) -> int:
+    """``value`` rounded up to a multiple of ``alignment`` (alignment >= 1)."""
+    return -(-value // alignment) * alignment
+
+
+def is_arena_tenant(tensor: Tensor) -> bool:
+    """Whether ``tensor`` owns bytes in the phase's arena.
+
+    Views alias their root's bytes and tensors of kind "state" alias persistent state (KV cache), so
+    neither is a tenant; every other primitive output (kind "intermediate" or "output") is.
+    """
+    return tensor.view_of is None and tensor.kind != "state"
+
+
+def lower_bound_bytes(tensors: Iterable[Tensor], num_slots: int, alignment: int) -> int:
+    """Max over slots of the aligned bytes of the arena tenants live in that slot.
+
+    No arena can be smaller: tenants live at the same time need disjoint bytes. Tenants with a
+    malformed interval are ignored (the verifier reports them separately).
+    """
+    delta = [0] * (num_slots + 1)
+    for tensor in tensors:
+        iv = tensor.interval
+        if not is_arena_tenant(tensor) or len(iv) != 2 or not 0 <= iv[0] <= iv[1] < num_slots:
+            continue
+        size = align_up(tensor.bytes, alignment)
+        delta[iv[0]] += size
+        delta[iv[1] + 1] -= size
+    best = live = 0
+    for change in delta:
+        live += change
+        best = max(best, live)
+    return best

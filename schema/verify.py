@@ -1,0 +1,69 @@
+"""The semantic verifier: ``verify_plan(plan)`` checks what the schema cannot.
+
+It is a pure function of the plan, independent of the planner that produced it, so a planner bug
+cannot hide behind the planner's own assumptions. Each check is a rule with a stable name (the
+``RULES`` keys); every ``Problem`` it returns carries that name. Conventions it enforces:
+
+- schedule time is in slots; ``Tensor.interval = [s, e]`` is inclusive, so two tensors are live
+  together when ``s_a <= e_b and s_b <= e_a``; bytes ``[offset, offset + bytes)`` are half-open;
+- arena tenants are tensors that are neither views nor of kind "state" (``sizes.is_arena_tenant``);
+- ``view_of`` always names the root that owns the bytes (a non-view tensor, an input binding or a
+  constant), never another view; a view has no buffer and no offset, and extends its root's interval;
+- a phase output (kind "output") lives until the phase's last slot.
+
+At most ``MAX_PER_RULE`` problems are listed per rule, so a badly broken plan (every pair of tensors
+overlapping) still gives a short report quickly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from dctms.schema import rules_graph, rules_memory, rules_totals
+from dctms.schema.errors import Problem
+from dctms.schema.phase_index import PlanIndex, build_plan_index
+from dctms.schema.types import Plan
+
+MAX_PER_RULE = 50
+
+Rule = Callable[[PlanIndex], Iterable[tuple[str, str]]]
+
+RULES: dict[str, Rule] = {
+    "unique_ids": rules_graph.unique_ids,
+    "op_inputs_defined": rules_graph.op_inputs_defined,
+    "outputs_defined": rules_graph.outputs_defined,
+    "slots_cover": rules_graph.slots_cover,
+    "slot_bandwidth": rules_graph.slot_bandwidth,
+    "sync_points": rules_graph.sync_points,
+    "dtype_known": rules_memory.dtype_known,
+    "tensor_bytes": rules_memory.tensor_bytes,
+    "constant_size": rules_memory.constant_size,
+    "interval_bounds": rules_memory.interval_bounds,
+    "interval_producer": rules_memory.interval_producer,
+    "interval_last_use": rules_memory.interval_last_use,
+    "view_root": rules_memory.view_root,
+    "arena_overlap": rules_memory.arena_overlap,
+    "buffer_overlap": rules_memory.buffer_overlap,
+    "buffer_holds_tenants": rules_memory.buffer_holds_tenants,
+    "buffer_sized": rules_memory.buffer_sized,
+    "arena_bounds": rules_memory.arena_bounds,
+    "bounds": rules_totals.bounds,
+    "state_kind": rules_totals.state_kind,
+    "weights_fingerprint": rules_totals.weights_fingerprint,
+    "bindings": rules_totals.bindings,
+    "envelope_sum": rules_totals.envelope_sum,
+    "stats": rules_totals.stats,
+}
+
+
+def verify_plan(plan: Plan) -> list[Problem]:
+    """Every semantic problem of ``plan`` (empty when the plan is valid), in rule order."""
+    index = build_plan_index(plan)
+    problems: list[Problem] = []
+    for name, rule in RULES.items():
+        for count, (path, message) in enumerate(rule(index)):
+            if count == MAX_PER_RULE:
+                problems.append(Problem("$", f"further {name} problems not listed", name))
+                break
+            problems.append(Problem(path, message, name))
+    return problems

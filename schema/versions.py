@@ -1,0 +1,45 @@
+"""Plan schema versions and the policy for changing them.
+
+Policy: every struct in ``types`` forbids unknown fields, so a plan that carries a field this dctms does
+not know cannot be read safely. Any change to the plan format (a field the compiler adds later, a field
+removed or renamed, a changed meaning) is therefore a ``SCHEMA_VERSION`` step, together with a new
+``$id`` in ``plan.schema.json`` (``plan-v<N>.json``). A reader refuses plans newer than it understands
+with a one-line message that says what to do, and refuses versions it never knew (< ``OLDEST_SUPPORTED``).
+The version is checked before anything else, so a newer plan gets this message rather than a list of
+"unknown field" errors.
+"""
+
+from __future__ import annotations
+
+from dctms.schema.errors import Problem
+from dctms.schema.types import SCHEMA_VERSION
+
+OLDEST_SUPPORTED = 1
+SCHEMA_ID = f"https://dctms.dev/schema/plan-v{SCHEMA_VERSION}.json"
+
+
+def version_problem(document: object) -> Problem | None:
+    """The problem with the ``schema_version`` of a parsed plan document, or None when it is readable.
+
+    A missing or non-integer ``schema_version`` is left to schema validation, which names the field.
+    """
+    if not isinstance(document, dict):
+        return None
+    version = document.get("schema_version")
+    if type(version) is not int:  # bool is an int subclass; JSON true is not a version
+        return None
+    if version > SCHEMA_VERSION:
+        return Problem(
+            "$.schema_version",
+            f"plan schema_version {version} is newer than this dctms understands ({SCHEMA_VERSION}); "
+            "upgrade dctms (pip install -U dctms) or recompile the plan with this version",
+            "schema_version",
+        )
+    if version < OLDEST_SUPPORTED:
+        return Problem(
+            "$.schema_version",
+            f"plan schema_version {version} is not a dctms plan version (this dctms reads "
+            f"{OLDEST_SUPPORTED}..{SCHEMA_VERSION}); recompile the plan with this version",
+            "schema_version",
+        )
+    return None

@@ -1,0 +1,143 @@
+"""Shared fixtures: a small valid plan built by hand (until the compiler produces real ones).
+
+The tiny plan has one "decode" phase of 6 ops over 5 slots:
+
+    slot 0: op0 Gather(w_emb, tok)              -> t0  [1,1,8] f16  (memory-bound)
+    slot 1: op1 Reshape(t0)                     -> t1  view of t0
+            op3 DynamicSliceUpdate(k_in, t0, pos) -> k_out, kind "state" (the KV cache)
+    slot 2: op2 Multiply(t1, c_half)            -> t2  [1,8] f16    (memory-bound)
+    slot 3: op4 Maximum(t2, c_floor)            -> t3  [1,8] f16
+    slot 4: op5 ArgMax(t3)                      -> out [1] u32, kind "output"; sync point
+
+Arena tenants t0 [0,2], t2 [2,3], t3 [3,4], out [4,4] (alignment 64): buffer 0 = {t0, t3}, buffer 1 =
+{t2, out}; offsets t0=0, t2=64, t3=0, out=64; arena 128 = lower bound 128.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from dctms.schema.io import encode_plan, write_plan
+from dctms.schema.types import (
+    SCHEMA_VERSION,
+    Binding,
+    Bounds,
+    Buffer,
+    Constant,
+    Envelope,
+    Generator,
+    KVStorage,
+    ModelInfo,
+    Op,
+    Phase,
+    Plan,
+    Stats,
+    StateTensor,
+    SyncPoint,
+    Target,
+    TargetProfile,
+    Tensor,
+    Weights,
+    WeightTensor,
+)
+
+SHA = "0" * 63 + "1"
+
+
+def make_tiny_plan() -> Plan:
+    kv_shape = [1, 16, 8]
+    emb = WeightTensor("model.embed_tokens.weight", [16, 8], "float16", 256)
+    keys = StateTensor("layers.0.keys", "kv", kv_shape, "float16", 256)
+    phase = Phase(
+        name="decode",
+        tokens=1,
+        inputs=[
+            Binding("tok", "input", "tokens", [1, 1], "int32"),
+            Binding("pos", "input", "position", [1], "int32"),
+            Binding("w_emb", "weight", emb.name, emb.shape, emb.dtype),
+            Binding("k_in", "state", keys.name, kv_shape, "float16"),
+        ],
+        outputs=[
+            Binding("out", "output", "next_token", [1], "uint32"),
+            Binding("k_out", "state", keys.name, kv_shape, "float16"),
+        ],
+        constants=[
+            Constant("c_half", [], "float16", [0.5]),
+            Constant("c_floor", [1], "float16", [-math.inf]),
+        ],
+        ops=[
+            Op(0, "Gather", ["w_emb", "tok"], ["t0"], args=[[0], [1, 8]], memory_bound=True),
+            Op(1, "Reshape", ["t0"], ["t1"], args=[[1, 8]]),
+            Op(2, "Multiply", ["t1", "c_half"], ["t2"], layer=0, memory_bound=True),
+            Op(3, "DynamicSliceUpdate", ["k_in", "t0", "pos"], ["k_out"], args=[[1]], layer=0),
+            Op(4, "Maximum", ["t2", "c_floor"], ["t3"], layer=0),
+            Op(5, "ArgMax", ["t3"], ["out"], args=[1, False]),
+        ],
+        tensors=[
+            Tensor("t0", [1, 1, 8], "float16", 16, [0, 2], buffer=0, offset=0),
+            Tensor("t1", [1, 8], "float16", 16, [1, 2], view_of="t0"),
+            Tensor("t2", [1, 8], "float16", 16, [2, 3], buffer=1, offset=64),
+            Tensor("k_out", kv_shape, "float16", 256, [1, 1], kind="state"),
+            Tensor("t3", [1, 8], "float16", 16, [3, 4], buffer=0, offset=0),
+            Tensor("out", [1], "uint32", 4, [4, 4], buffer=1, offset=64, kind="output"),
+        ],
+        buffers=[Buffer(0, 16), Buffer(1, 16)],
+        slots=[[0], [1, 3], [2], [4], [5]],
+        sync_points=[SyncPoint(4, "sample next token")],
+        arena_bytes=128,
+        lower_bound_bytes=128,
+    )
+    return Plan(
+        schema_version=SCHEMA_VERSION,
+        generator=Generator("0.1.0", "0.32.0", "0.32.0"),
+        bounds=Bounds(8, 8, 1, 4, "float16", KVStorage("float16"), kv_capacity=16),
+        model=ModelInfo(
+            architecture="tiny",
+            config_sha256=SHA,
+            num_layers=1,
+            vocab_size=16,
+            weights=Weights(count=1, total_bytes=256, layout_sha256=SHA, tensors=[emb]),
+        ),
+        target=Target(
+            backend="cpu",
+            alignment=64,
+            profile=TargetProfile("test", 1e12, "made up", 1e11, "made up"),
+            device_memory=2**20,
+        ),
+        state=[keys],
+        phases=[phase],
+        envelope=Envelope(
+            weights=256,
+            kv=256,
+            persistent=0,
+            intermediate=128,
+            runtime=1024,
+            total=1664,
+            runtime_source="test allowance",
+            device=2**20,
+            free=2**20 - 1664,
+        ),
+        stats=Stats(logical_tensors=4, physical_buffers=2, reduction=0.5, arena_bytes=128, lower_bound_bytes=128),
+    )
+
+
+@pytest.fixture
+def tiny_plan() -> Plan:
+    return make_tiny_plan()
+
+
+@pytest.fixture(scope="session")
+def tiny_plan_bytes() -> bytes:
+    """Canonical bytes of the tiny plan (immutable, so safe to share with hypothesis tests)."""
+    return encode_plan(make_tiny_plan())
+
+
+@pytest.fixture
+def plan_file(tmp_path: Path, tiny_plan: Plan) -> Path:
+    """The tiny plan written to ``tmp_path/tiny.plan``."""
+    path = tmp_path / "tiny.plan"
+    write_plan(tiny_plan, path)
+    return path
