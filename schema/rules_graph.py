@@ -137,7 +137,7 @@ def slots_cover(ix: PlanIndex) -> Iterator[Finding]:
                 continue
             slot = px.slot_of[position]
             for tensor_id in op.inputs:
-                producer = px.producer.get(tensor_id)
+                producer = None if px.is_external(tensor_id) else px.producer.get(tensor_id)
                 if producer is None or producer not in px.slot_of:
                     continue
                 if px.slot_of[producer] >= slot:

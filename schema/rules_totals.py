@@ -144,7 +144,8 @@ def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
     if env.device != plan.target.device_memory:
         yield (
             "$.envelope.device",
-            f"{env.device}, but the target's device_memory is {plan.target.device_memory}",
+            f"{_or_absent(env.device)}, but the target's device_memory is "
+            f"{_or_absent(plan.target.device_memory)}",
         )
     if env.device is None:
         if env.free is not None:
@@ -180,3 +181,7 @@ def stats(ix: PlanIndex) -> Iterator[Finding]:
             "$.stats.lower_bound_bytes",
             f"{st.lower_bound_bytes}, but the largest phase lower bound is {bound}",
         )
+
+
+def _or_absent(value: int | None) -> str:
+    return "absent" if value is None else str(value)

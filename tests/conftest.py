@@ -19,7 +19,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from dctms.schema.io import encode_plan, write_plan
 from dctms.schema.types import (
     SCHEMA_VERSION,
@@ -34,8 +33,8 @@ from dctms.schema.types import (
     Op,
     Phase,
     Plan,
-    Stats,
     StateTensor,
+    Stats,
     SyncPoint,
     Target,
     TargetProfile,
@@ -120,7 +119,13 @@ def make_tiny_plan() -> Plan:
             device=2**20,
             free=2**20 - 1664,
         ),
-        stats=Stats(logical_tensors=4, physical_buffers=2, reduction=0.5, arena_bytes=128, lower_bound_bytes=128),
+        stats=Stats(
+            logical_tensors=4,
+            physical_buffers=2,
+            reduction=0.5,
+            arena_bytes=128,
+            lower_bound_bytes=128,
+        ),
     )
 
 

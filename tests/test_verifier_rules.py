@@ -1,0 +1,331 @@
+"""Each verifier rule, shown able to fail: a valid plan broken in exactly that way must be reported."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from conftest import make_tiny_plan
+from dctms.schema.types import Binding, Buffer, Plan, SyncPoint, Tensor
+from dctms.schema.verify import MAX_PER_RULE, RULES, verify_plan
+from msgspec.structs import replace
+
+# ----------------------------------------------------------------------------------------- helpers
+
+P0 = lambda p: p.phases[0]  # noqa: E731
+
+
+def phase(plan: Plan, **changes) -> Plan:
+    return replace(plan, phases=[replace(plan.phases[0], **changes)])
+
+
+def tensor(plan: Plan, tensor_id: str, **changes) -> Plan:
+    tensors = [replace(t, **changes) if t.id == tensor_id else t for t in plan.phases[0].tensors]
+    return phase(plan, tensors=tensors)
+
+
+def op(plan: Plan, op_index: int, /, **changes) -> Plan:
+    ops = [replace(o, **changes) if o.index == op_index else o for o in plan.phases[0].ops]
+    return phase(plan, ops=ops)
+
+
+def binding(plan: Plan, field: str, binding_id: str, **changes) -> Plan:
+    items = [
+        replace(b, **changes) if b.id == binding_id else b for b in getattr(plan.phases[0], field)
+    ]
+    return phase(plan, **{field: items})
+
+
+def nested(plan: Plan, field: str, **changes) -> Plan:
+    return replace(plan, **{field: replace(getattr(plan, field), **changes)})
+
+
+def weights(plan: Plan, **changes) -> Plan:
+    return replace(plan, model=replace(plan.model, weights=replace(plan.model.weights, **changes)))
+
+
+def _output_ends_early(plan: Plan) -> Plan:
+    """t2 becomes a phase output, but keeps its interval [2, 3] (the phase ends in slot 4)."""
+    plan = tensor(plan, "t2", kind="output")
+    extra = Binding("t2", "output", "hidden", [1, 8], "float16")
+    return phase(plan, outputs=P0(plan).outputs + [extra])
+
+
+# ------------------------------------------------------------------------------- one case per break
+
+Break = Callable[[Plan], Plan]
+
+CASES: list[tuple[str, str, Break]] = [
+    ("unique_ids", "op index differs from position", lambda p: op(p, 5, index=6)),
+    ("unique_ids", "duplicate tensor id", lambda p: tensor(p, "t2", id="t0")),
+    (
+        "unique_ids",
+        "op output without tensor record",
+        lambda p: phase(p, tensors=[t for t in P0(p).tensors if t.id != "t3"]),
+    ),
+    (
+        "unique_ids",
+        "tensor record without producer",
+        lambda p: phase(p, tensors=P0(p).tensors + [Tensor("ghost", [1], "uint8", 1, [0, 0])]),
+    ),
+    (
+        "unique_ids",
+        "duplicate buffer id",
+        lambda p: phase(p, buffers=[Buffer(0, 16), Buffer(0, 16)]),
+    ),
+    ("unique_ids", "op redefines a constant", lambda p: op(p, 4, outputs=["c_half"])),
+    ("op_inputs_defined", "input never defined", lambda p: op(p, 2, inputs=["nope", "c_half"])),
+    ("op_inputs_defined", "input produced later", lambda p: op(p, 1, inputs=["t2"])),
+    (
+        "outputs_defined",
+        "output binding names nothing",
+        lambda p: binding(p, "outputs", "out", id="ghost"),
+    ),
+    (
+        "slots_cover",
+        "consumer scheduled before producer",
+        lambda p: phase(p, slots=[[0], [2], [1, 3], [4], [5]]),
+    ),
+    (
+        "slots_cover",
+        "producer and consumer in one slot",
+        lambda p: phase(p, slots=[[0], [1, 3, 2], [4], [5]]),
+    ),
+    (
+        "slots_cover",
+        "op scheduled twice",
+        lambda p: phase(p, slots=[[0], [1, 3], [2], [4], [5, 5]]),
+    ),
+    (
+        "slots_cover",
+        "op missing and empty slot",
+        lambda p: phase(p, slots=[[0], [1, 3], [2], [4], []]),
+    ),
+    (
+        "slots_cover",
+        "unknown op in slot",
+        lambda p: phase(p, slots=[[0], [1, 3], [2], [4], [5, 9]]),
+    ),
+    (
+        "slot_bandwidth",
+        "two memory-bound ops in a slot",
+        lambda p: op(op(p, 1, memory_bound=True), 3, memory_bound=True),
+    ),
+    (
+        "sync_points",
+        "last slot not a sync point",
+        lambda p: phase(p, sync_points=[SyncPoint(2, "x")]),
+    ),
+    (
+        "sync_points",
+        "sync point beyond the slots",
+        lambda p: phase(p, sync_points=[SyncPoint(4, "x"), SyncPoint(9, "y")]),
+    ),
+    (
+        "sync_points",
+        "sync points out of order",
+        lambda p: phase(p, sync_points=[SyncPoint(4, "x"), SyncPoint(2, "y"), SyncPoint(4, "z")]),
+    ),
+    ("dtype_known", "unknown tensor dtype", lambda p: tensor(p, "t2", dtype="float17")),
+    ("dtype_known", "unknown bounds dtype", lambda p: nested(p, "bounds", dtype="fp8")),
+    ("tensor_bytes", "tensor bytes wrong", lambda p: tensor(p, "t2", bytes=15)),
+    (
+        "tensor_bytes",
+        "weight bytes wrong",
+        lambda p: weights(
+            p, tensors=[replace(p.model.weights.tensors[0], bytes=255)], total_bytes=255
+        ),
+    ),
+    (
+        "constant_size",
+        "constant value count wrong",
+        lambda p: phase(
+            p, constants=[P0(p).constants[0], replace(P0(p).constants[1], value=[1.0, 2.0])]
+        ),
+    ),
+    ("interval_bounds", "interval beyond the slots", lambda p: tensor(p, "t3", interval=[3, 9])),
+    ("interval_bounds", "interval reversed", lambda p: tensor(p, "t3", interval=[4, 3])),
+    ("interval_bounds", "interval with one element", lambda p: tensor(p, "t3", interval=[3])),
+    (
+        "interval_producer",
+        "interval starts before its producer",
+        lambda p: tensor(p, "t2", interval=[1, 3]),
+    ),
+    ("interval_last_use", "ends after its last reader", lambda p: tensor(p, "t2", interval=[2, 4])),
+    (
+        "interval_last_use",
+        "ends before its last reader",
+        lambda p: tensor(p, "t3", interval=[3, 3]),
+    ),
+    ("interval_last_use", "root ends before its view", lambda p: tensor(p, "t0", interval=[0, 1])),
+    (
+        "interval_last_use",
+        "phase output ends before the last slot",
+        lambda p: _output_ends_early(p),
+    ),
+    ("view_root", "view of an unknown tensor", lambda p: tensor(p, "t1", view_of="t9")),
+    ("view_root", "view of itself", lambda p: tensor(p, "t1", view_of="t1")),
+    (
+        "view_root",
+        "view of a view",
+        lambda p: tensor(p, "t2", view_of="t1", buffer=None, offset=None),
+    ),
+    ("view_root", "view with a buffer and offset", lambda p: tensor(p, "t1", buffer=0, offset=0)),
+    ("arena_overlap", "live tensors share bytes", lambda p: tensor(p, "t2", offset=0)),
+    ("arena_overlap", "partial byte overlap", lambda p: tensor(p, "t3", offset=64, buffer=1)),
+    ("buffer_overlap", "live tensors share a buffer", lambda p: tensor(p, "t2", buffer=0)),
+    ("buffer_holds_tenants", "tenant without buffer", lambda p: tensor(p, "t2", buffer=None)),
+    ("buffer_holds_tenants", "tenant without offset", lambda p: tensor(p, "t2", offset=None)),
+    ("buffer_holds_tenants", "unknown buffer", lambda p: tensor(p, "t2", buffer=7)),
+    ("buffer_holds_tenants", "offset not aligned", lambda p: tensor(p, "t2", offset=96)),
+    (
+        "buffer_holds_tenants",
+        "tenant larger than its buffer",
+        lambda p: phase(p, buffers=[Buffer(0, 16), Buffer(1, 8)]),
+    ),
+    ("buffer_holds_tenants", "state tensor with an offset", lambda p: tensor(p, "k_out", offset=0)),
+    (
+        "buffer_sized",
+        "buffer larger than its largest tenant",
+        lambda p: phase(p, buffers=[Buffer(0, 16), Buffer(1, 32)]),
+    ),
+    (
+        "buffer_sized",
+        "buffer without tenants",
+        lambda p: phase(p, buffers=P0(p).buffers + [Buffer(2, 16)]),
+    ),
+    ("arena_bounds", "arena smaller than a tenant's end", lambda p: phase(p, arena_bytes=100)),
+    (
+        "arena_bounds",
+        "lower bound not the recomputed one",
+        lambda p: phase(p, lower_bound_bytes=96),
+    ),
+    (
+        "arena_bounds",
+        "lower bound above the arena",
+        lambda p: phase(tensor(tensor(p, "t3", offset=64), "out", offset=0), arena_bytes=96),
+    ),
+    ("bounds", "batch 0", lambda p: nested(p, "bounds", batch=0)),
+    ("bounds", "input_tokens 0", lambda p: nested(p, "bounds", input_tokens=0)),
+    ("bounds", "prefill_chunk 0", lambda p: nested(p, "bounds", prefill_chunk=0)),
+    ("bounds", "kv capacity below N + M", lambda p: nested(p, "bounds", kv_capacity=15)),
+    (
+        "bounds",
+        "padded last chunk does not fit",
+        lambda p: nested(
+            p, "bounds", input_tokens=9, output_tokens=1, prefill_chunk=8, kv_capacity=12
+        ),
+    ),
+    (
+        "bounds",
+        "quantised KV without group size",
+        lambda p: nested(p, "bounds", kv=replace(p.bounds.kv, bits=4)),
+    ),
+    ("bounds", "phase processes no tokens", lambda p: phase(p, tokens=0)),
+    (
+        "state_kind",
+        "unknown state kind",
+        lambda p: replace(p, state=[replace(p.state[0], kind="cache")]),
+    ),
+    ("weights_fingerprint", "count wrong", lambda p: weights(p, count=2)),
+    ("weights_fingerprint", "total wrong", lambda p: weights(p, total_bytes=257)),
+    (
+        "bindings",
+        "weight binding shape differs",
+        lambda p: binding(p, "inputs", "w_emb", shape=[8, 16]),
+    ),
+    ("bindings", "unknown weight", lambda p: binding(p, "inputs", "w_emb", name="lm_head.weight")),
+    ("bindings", "unknown state", lambda p: binding(p, "inputs", "k_in", name="layers.9.keys")),
+    (
+        "bindings",
+        "state binding dtype differs",
+        lambda p: binding(p, "inputs", "k_in", dtype="float32"),
+    ),
+    (
+        "bindings",
+        "output binding as an input",
+        lambda p: binding(p, "inputs", "tok", kind="output"),
+    ),
+    (
+        "bindings",
+        "output tensor not bound",
+        lambda p: binding(p, "outputs", "out", id="t3", kind="output"),
+    ),
+    ("bindings", "output binding shape differs", lambda p: binding(p, "outputs", "out", shape=[2])),
+    (
+        "envelope_sum",
+        "total is not the sum",
+        lambda p: nested(p, "envelope", total=1665, free=2**20 - 1665),
+    ),
+    ("envelope_sum", "free is not device - total", lambda p: nested(p, "envelope", free=0)),
+    (
+        "envelope_sum",
+        "kv differs from the state",
+        lambda p: nested(p, "envelope", kv=0, total=1408, free=2**20 - 1408),
+    ),
+    (
+        "envelope_sum",
+        "intermediate below the arena",
+        lambda p: nested(p, "envelope", intermediate=64, runtime=1088),
+    ),
+    (
+        "envelope_sum",
+        "device differs from the target",
+        lambda p: nested(p, "envelope", device=None, free=None),
+    ),
+    (
+        "stats",
+        "logical tensors wrong",
+        lambda p: nested(p, "stats", logical_tensors=5, reduction=0.6),
+    ),
+    (
+        "stats",
+        "physical buffers wrong",
+        lambda p: nested(p, "stats", physical_buffers=3, reduction=0.25),
+    ),
+    ("stats", "reduction wrong", lambda p: nested(p, "stats", reduction=0.4)),
+    ("stats", "arena wrong", lambda p: nested(p, "stats", arena_bytes=64)),
+    ("stats", "lower bound wrong", lambda p: nested(p, "stats", lower_bound_bytes=64)),
+]
+
+
+def test_tiny_plan_is_valid(tiny_plan: Plan) -> None:
+    assert verify_plan(tiny_plan) == []
+
+
+def test_every_rule_has_a_breaking_case() -> None:
+    assert {rule for rule, _, _ in CASES} == set(RULES)
+
+
+@pytest.mark.parametrize(("rule", "how", "breaker"), CASES, ids=[f"{r}: {h}" for r, h, _ in CASES])
+def test_broken_plan_is_reported(rule: str, how: str, breaker: Break) -> None:
+    problems = verify_plan(breaker(make_tiny_plan()))
+    assert rule in {p.rule for p in problems}, f"{how}: got {[str(p) for p in problems]}"
+    for problem in problems:
+        assert problem.path.startswith("$") and problem.message and "\n" not in problem.message
+
+
+def test_problem_paths_point_at_the_field(tiny_plan: Plan) -> None:
+    problems = verify_plan(tensor(tiny_plan, "t3", interval=[3, 9]))
+    assert [p.path for p in problems if p.rule == "interval_bounds"] == [
+        "$.phases[0].tensors[4].interval"
+    ]
+    # t2 at offset 0 collides with t0 (both live in slot 2) and then with t3 (slot 3).
+    problems = verify_plan(tensor(tiny_plan, "t2", offset=0))
+    overlap = [p for p in problems if p.rule == "arena_overlap"]
+    assert [p.path for p in overlap] == ["$.phases[0].tensors[2]", "$.phases[0].tensors[4]"]
+    assert "'t0'" in overlap[0].message and "'t2'" in overlap[1].message
+
+
+def test_problems_per_rule_are_capped(tiny_plan: Plan) -> None:
+    # 200 copies of one tensor id: 199 duplicates, listed up to the cap plus one summary line.
+    many = [replace(P0(tiny_plan).tensors[0]) for _ in range(200)]
+    problems = [p for p in verify_plan(phase(tiny_plan, tensors=many)) if p.rule == "unique_ids"]
+    assert len(problems) == MAX_PER_RULE + 1
+    assert problems[-1].message.startswith("further unique_ids problems")
+
+
+def test_zero_byte_tenants_never_overlap(tiny_plan: Plan) -> None:
+    # A [1, 0] tensor owns no bytes; placing it inside a live neighbour is not a conflict.
+    empty = tensor(tiny_plan, "t2", shape=[1, 0], bytes=0, offset=0)
+    assert "arena_overlap" not in {p.rule for p in verify_plan(empty)}
