@@ -22,6 +22,11 @@ class Problem:
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
 
+    def line(self, source: str) -> str:
+        """``SOURCE: PATH: MESSAGE`` on one line; the path is left out when it is the whole file."""
+        where = "" if self.path == "$" else f"{self.path}: "
+        return f"{source}: {where}{self.message}"
+
 
 class PlanError(DctmsError):
     """A plan that cannot be read or is not valid; ``problems`` lists every finding."""
@@ -31,4 +36,4 @@ class PlanError(DctmsError):
         self.problems = problems
         first = problems[0] if problems else Problem("$", "invalid plan")
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        super().__init__(f"{source}: {first}{more}")
+        super().__init__(first.line(source) + more)

@@ -30,14 +30,14 @@ def version_problem(document: object) -> Problem | None:
         return None
     if version > SCHEMA_VERSION:
         return Problem(
-            "$.schema_version",
+            "$",
             f"plan schema_version {version} is newer than this dctms understands ({SCHEMA_VERSION}); "
             "upgrade dctms (pip install -U dctms) or recompile the plan with this version",
             "schema_version",
         )
     if version < OLDEST_SUPPORTED:
         return Problem(
-            "$.schema_version",
+            "$",
             f"plan schema_version {version} is not a dctms plan version (this dctms reads "
             f"{OLDEST_SUPPORTED}..{SCHEMA_VERSION}); recompile the plan with this version",
             "schema_version",
