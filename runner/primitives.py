@@ -224,12 +224,13 @@ def _slice(args: list, x: list[mx.array]) -> mx.array:
 
 # SliceUpdate::ReduceType {Max, Min, Sum, Prod, None}; the reducing forms go through ``.at[]``.
 _SLICE_UPDATE_AT = ("maximum", "minimum", "add", "multiply")
+_SLICE_UPDATE_NONE = 4
 
 
 def _slice_update(args: list, x: list[mx.array]) -> mx.array:
     mode, start, stop, strides = args  # inputs: src, update (already of the slice's shape)
     index = _slices(start, stop, strides)
-    if mode == 4:  # None: plain assignment
+    if mode == _SLICE_UPDATE_NONE:  # plain assignment
         # __setitem__ rebinds the Python object it is called on, so call it on a fresh handle:
         # broadcast_to to the array's own shape returns the same array without adding a primitive.
         out = mx.broadcast_to(x[0], x[0].shape)
@@ -318,18 +319,19 @@ def _squeeze(axes: list[int], x: mx.array) -> mx.array:
     return mx.squeeze(x, axes)
 
 
-_GATHERS: dict[str, Handler] = {
-    "Gather": _gather,
-    "GatherAxis": lambda a, x: mx.take_along_axis(x[0], x[1], axis=a[0]),  # [axis]
-    # [reduce, axis]: ScatterAxis::ReduceType {Sum, None}; inputs: array, indices, values
-    "ScatterAxis": lambda a, x: _scatter_axis(a, x),
-}
-
-
 def _scatter_axis(args: list, x: list[mx.array]) -> mx.array:
+    # [reduce, axis]: ScatterAxis::ReduceType {Sum, None}; inputs: array, indices, values.
+    # Only put_along_axis (None) has a Python call.
     if args[0] != 1:
         raise DctmsError(f"unsupported primitive ScatterAxis [Sum] (mlx {mx.__version__})")
     return mx.put_along_axis(x[0], x[1], x[2], axis=args[1])
+
+
+_GATHERS: dict[str, Handler] = {
+    "Gather": _gather,
+    "GatherAxis": lambda a, x: mx.take_along_axis(x[0], x[1], axis=a[0]),  # [axis]
+    "ScatterAxis": _scatter_axis,
+}
 
 
 # --- creation and linear algebra ------------------------------------------------------------------
@@ -354,24 +356,72 @@ _CREATION: dict[str, Callable[[list, list[mx.array], tuple, mx.Dtype], mx.array]
     "Full": lambda a, x, shape, dtype: mx.full(shape, x[0], dtype=dtype),
 }
 
+def _gather_indices(
+    left_sorted: bool, right_sorted: bool, lhs: mx.array, rhs: mx.array
+) -> tuple[mx.array | None, mx.array | None, bool]:
+    """Map GatherMM/GatherQMM's sorted flags back to the Python call that sets them.
+
+    ``sorted_indices=True`` sets ``right_sorted`` only when ``lhs_indices`` is omitted (and
+    ``left_sorted`` only when ``rhs_indices`` is). The omitted side is then the default index array
+    (an ``Arange`` op, already in the plan) that mlx.core re-creates itself: the plan's copy is left
+    unread, so the evaluated graph is the traced one.
+    """
+    if left_sorted and right_sorted:
+        raise DctmsError(f"unsupported gather matmul with both sides sorted (mlx {mx.__version__})")
+    if right_sorted:
+        return None, rhs, True
+    if left_sorted:
+        return lhs, None, True
+    return lhs, rhs, False
+
+
+def _gather_mm(args: list, x: list[mx.array]) -> mx.array:
+    # [left_sorted, right_sorted]; inputs: a, b, lhs_indices, rhs_indices (already broadcast)
+    lhs, rhs, sort = _gather_indices(*args, x[2], x[3])
+    return mx.gather_mm(x[0], x[1], lhs, rhs, sorted_indices=sort)
+
+
+def _gather_qmm(args: list, x: list[mx.array]) -> mx.array:
+    # [group_size, bits, mode, transpose, left_sorted, right_sorted];
+    # inputs: x, w, scales[, biases (affine only)], lhs_indices, rhs_indices
+    group_size, bits, mode, transpose, left_sorted, right_sorted = args
+    mode = mode if isinstance(mode, str) else _QUANT_MODES[mode]
+    biases = x[3] if len(x) == 6 else None
+    lhs, rhs, sort = _gather_indices(left_sorted, right_sorted, x[-2], x[-1])
+    return mx.gather_qmm(
+        x[0],
+        x[1],
+        x[2],
+        biases,
+        lhs,
+        rhs,
+        transpose=bool(transpose),
+        group_size=group_size,
+        bits=bits,
+        mode=mode,
+        sorted_indices=sort,
+    )
+
+
 _LINALG: dict[str, Handler] = {
     "Matmul": _binary(mx.matmul),
     # [alpha, beta]; inputs: a, b, c (the addend last) -> alpha * a @ b + beta * c
     "AddMM": lambda a, x: mx.addmm(x[2], x[0], x[1], alpha=a[0], beta=a[1]),
     "QuantizedMatmul": _quantized_matmul,
+    "GatherMM": _gather_mm,  # mixture-of-experts matmuls
+    "GatherQMM": _gather_qmm,
 }
 
-_HANDLERS: dict[str, Handler | None] = {
+_HANDLERS: dict[str, Handler] = {
     **_ELEMENTWISE,
     "Equal": _equal,
     **_REDUCTIONS,
     **_SHAPE,
     **_GATHERS,
     **_LINALG,
-    **dict.fromkeys(_CREATION),
 }
 
-SUPPORTED: frozenset[str] = frozenset(_HANDLERS)
+SUPPORTED: frozenset[str] = frozenset(_HANDLERS) | frozenset(_CREATION)
 
 
 def apply_op(
@@ -387,16 +437,15 @@ def apply_op(
     ``out_shapes``/``out_dtypes`` are the traced outputs'; some primitives need them (``Arange``,
     ``Full``) and every result is checked against them.
     """
-    if primitive not in _HANDLERS:
+    if primitive not in SUPPORTED:
         raise DctmsError(f"unsupported primitive {primitive} (mlx {mx.__version__})")
     args = args_from_json(args, primitive)
     dtypes = [d if isinstance(d, mx.Dtype) else dtype_from_name(d) for d in out_dtypes]
     shapes = [tuple(s) for s in out_shapes]
-    handler = _HANDLERS[primitive]
-    if handler is None:  # needs the outputs' shape/dtype
-        outs = [_CREATION[primitive](args, inputs, shapes[0], dtypes[0])]
+    if primitive in _CREATION:  # needs the output's shape/dtype
+        outs = [_CREATION[primitive](args, list(inputs), shapes[0], dtypes[0])]
     else:
-        out = handler(args, list(inputs))
+        out = _HANDLERS[primitive](args, list(inputs))
         outs = out if isinstance(out, list) else [out]
     got = [(tuple(o.shape), o.dtype) for o in outs]
     want = list(zip(shapes, dtypes, strict=True))
