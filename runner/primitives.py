@@ -345,7 +345,14 @@ def _quantized_matmul(args: list, x: list[mx.array]) -> mx.array:
     mode = mode if isinstance(mode, str) else _QUANT_MODES[mode]
     biases = x[3] if len(x) > 3 else None
     return mx.quantized_matmul(
-        x[0], x[1], x[2], biases, transpose=bool(transpose), group_size=group_size, bits=bits, mode=mode
+        x[0],
+        x[1],
+        x[2],
+        biases,
+        transpose=bool(transpose),
+        group_size=group_size,
+        bits=bits,
+        mode=mode,
     )
 
 
@@ -355,6 +362,7 @@ _CREATION: dict[str, Callable[[list, list[mx.array], tuple, mx.Dtype], mx.array]
     # no arguments; the input is already broadcast to the output shape and cast to its dtype
     "Full": lambda a, x, shape, dtype: mx.full(shape, x[0], dtype=dtype),
 }
+
 
 def _gather_indices(
     left_sorted: bool, right_sorted: bool, lhs: mx.array, rhs: mx.array
@@ -442,14 +450,18 @@ def apply_op(
     args = args_from_json(args, primitive)
     dtypes = [d if isinstance(d, mx.Dtype) else dtype_from_name(d) for d in out_dtypes]
     shapes = [tuple(s) for s in out_shapes]
-    if primitive in _CREATION:  # needs the output's shape/dtype
-        outs = [_CREATION[primitive](args, list(inputs), shapes[0], dtypes[0])]
-    else:
-        out = _HANDLERS[primitive](args, list(inputs))
-        outs = out if isinstance(out, list) else [out]
+    try:
+        if primitive in _CREATION:  # needs the output's shape/dtype
+            outs = [_CREATION[primitive](args, list(inputs), shapes[0], dtypes[0])]
+        else:
+            out = _HANDLERS[primitive](args, list(inputs))
+            outs = out if isinstance(out, list) else [out]
+    except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as err:
+        # wrong input count, an enum value out of range, arguments MLX rejects, ...
+        raise DctmsError(f"{primitive} {args_to_json(args)}: {err}") from err
     got = [(tuple(o.shape), o.dtype) for o in outs]
-    want = list(zip(shapes, dtypes, strict=True))
-    if got != want:
+    want = list(zip(shapes, dtypes, strict=False))  # a length mismatch is caught below
+    if got != want or len(shapes) != len(dtypes):
         raise DctmsError(
             f"{primitive} {args_to_json(args)} produced "
             f"{[(s, dtype_name(d)) for s, d in got]}, the plan says {[(s, dtype_name(d)) for s, d in want]}"

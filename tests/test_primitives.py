@@ -155,7 +155,9 @@ def test_string_mode_argument() -> None:
     # A string argument where MLX has an enum (a quantisation mode) is taken as the mode's name.
     x = mx.random.normal((2, 64))
     w, scales = mx.quantize(mx.random.normal((8, 64)), 32, 4, mode="mxfp4")
-    (out,) = apply_op("QuantizedMatmul", [32, 4, "mxfp4", True], [x, w, scales], [(2, 8)], ["float32"])
+    (out,) = apply_op(
+        "QuantizedMatmul", [32, 4, "mxfp4", True], [x, w, scales], [(2, 8)], ["float32"]
+    )
     want = mx.quantized_matmul(x, w, scales, group_size=32, bits=4, mode="mxfp4")
     assert mx.array_equal(out, want).item()
 
@@ -175,6 +177,16 @@ def test_output_mismatch_refused() -> None:
         apply_op("Exp", [], [x], [(3, 2)], [mx.float32])
     with pytest.raises(DctmsError, match="the plan says"):
         apply_op("Exp", [], [x], [(2, 3)], ["float16"])
+
+
+def test_malformed_op_refused() -> None:
+    x = mx.ones((2, 3))
+    with pytest.raises(DctmsError, match="Add"):
+        apply_op("Add", [], [x], [(2, 3)], [mx.float32])  # one input missing
+    with pytest.raises(DctmsError, match="Reduce"):
+        apply_op("Reduce", [9, [0]], [x], [(1, 3)], [mx.float32])  # no such reduce type
+    with pytest.raises(DctmsError, match="Transpose"):
+        apply_op("Transpose", [[0, 5]], [x], [(3, 2)], [mx.float32])  # MLX rejects the axes
 
 
 def test_no_one_to_one_forms_refused() -> None:
