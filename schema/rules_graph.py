@@ -42,6 +42,11 @@ def _phase_ids(px: PhaseIndex) -> Iterator[Finding]:
         [c.id for c in phase.constants], path + ".constants[{}].id", "constant id"
     )
     yield from _duplicates([b.id for b in phase.buffers], path + ".buffers[{}].id", "buffer id")
+    # One binding per name and direction: the runner feeds and collects bindings by name.
+    inputs = [(b.kind, b.name) for b in phase.inputs]
+    outputs = [(b.kind, b.name) for b in phase.outputs]
+    yield from _duplicates(inputs, path + ".inputs[{}].name", "input binding")
+    yield from _duplicates(outputs, path + ".outputs[{}].name", "output binding")
     for position, constant in enumerate(phase.constants):
         if constant.id in px.inputs:
             yield (
@@ -176,3 +181,15 @@ def sync_points(ix: PlanIndex) -> Iterator[Finding]:
         last = px.num_slots - 1
         if last >= 0 and last not in slots:
             yield f"{px.path}.sync_points", f"the last slot ({last}) is not a sync point"
+
+
+def op_layer(ix: PlanIndex) -> Iterator[Finding]:
+    """An op's decoder layer, when given, is one the model has."""
+    layers = ix.plan.model.num_layers
+    for px in ix.phases:
+        for position, op in enumerate(px.phase.ops):
+            if op.layer is not None and op.layer >= layers:
+                yield (
+                    f"{px.op_path(position)}.layer",
+                    f"layer {op.layer}, but the model has {layers} layers",
+                )

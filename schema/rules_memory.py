@@ -157,11 +157,31 @@ def view_root(ix: PlanIndex) -> Iterator[Finding]:
                     )
             elif not px.is_external(t.view_of):
                 yield where, f"names unknown tensor {t.view_of!r}"
+            producer = px.producer.get(t.id)
+            if producer is not None and not _reads_root(
+                px, px.phase.ops[producer].inputs, t.view_of
+            ):
+                yield (
+                    where,
+                    f"op {producer} makes this view but reads neither {t.view_of!r} nor a view of it",
+                )
             if t.buffer is not None or t.offset is not None:
                 yield (
                     px.tensor_path(i),
                     "a view owns no bytes: it must have no buffer and no offset",
                 )
+
+
+def _reads_root(px: PhaseIndex, inputs: list[str], root: str) -> bool:
+    """Whether an op with ``inputs`` reads ``root`` directly or through one of its views."""
+    tensors = px.phase.tensors
+    for tensor_id in inputs:
+        if tensor_id == root:
+            return True
+        position = px.tensor_at.get(tensor_id)
+        if position is not None and tensors[position].view_of == root:
+            return True
+    return False
 
 
 def arena_overlap(ix: PlanIndex) -> Iterator[Finding]:

@@ -126,6 +126,17 @@ CASES: list[tuple[str, str, Break]] = [
         "sync points out of order",
         lambda p: phase(p, sync_points=[SyncPoint(4, "x"), SyncPoint(2, "y"), SyncPoint(4, "z")]),
     ),
+    ("op_layer", "layer beyond the model", lambda p: op(p, 4, layer=1)),
+    (
+        "unique_ids",
+        "one weight bound twice",
+        lambda p: phase(p, inputs=P0(p).inputs + [replace(P0(p).inputs[2], id="w_again")]),
+    ),
+    (
+        "view_root",
+        "view made by an op that does not read the root",
+        lambda p: op(p, 1, inputs=["tok"]),
+    ),
     ("dtype_known", "unknown tensor dtype", lambda p: tensor(p, "t2", dtype="float17")),
     ("dtype_known", "unknown bounds dtype", lambda p: nested(p, "bounds", dtype="fp8")),
     ("tensor_bytes", "tensor bytes wrong", lambda p: tensor(p, "t2", bytes=15)),
