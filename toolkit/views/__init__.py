@@ -1,0 +1,1 @@
+"""Read-only views of a plan (pure functions: Plan -> text), shared by the CLI and the TUI."""
