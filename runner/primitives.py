@@ -27,6 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 from dctms.schema.errors import DctmsError
+from dctms.schema.values import args_to_json, dtype_name  # noqa: F401  (re-exported)
 
 Handler = Callable[[list, list[mx.array]], "mx.array | list[mx.array]"]
 
@@ -43,11 +44,6 @@ _FLOAT_ARGS: dict[str, tuple[int, ...]] = {
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
-def dtype_name(dtype: mx.Dtype) -> str:
-    """``mx.float32`` -> ``"float32"`` (``mx.bool_`` -> ``"bool"``)."""
-    return str(dtype).removeprefix("mlx.core.")
-
-
 def dtype_from_name(name: str) -> mx.Dtype:
     """Inverse of :func:`dtype_name`; raises :class:`DctmsError` for an unknown name."""
     value = getattr(mx, name, None)
@@ -56,21 +52,6 @@ def dtype_from_name(name: str) -> mx.Dtype:
     if not isinstance(value, mx.Dtype):
         raise DctmsError(f"unknown dtype {name!r} (mlx {mx.__version__})")
     return value
-
-
-def args_to_json(args: Any) -> Any:
-    """Encode a primitive's arguments (as the export callback gives them) as JSON values.
-
-    Tuples become lists, an ``mx.Dtype`` becomes ``{"dtype": "float32"}`` and non-finite floats become
-    the strings ``"inf"``, ``"-inf"``, ``"nan"``.
-    """
-    if isinstance(args, (list, tuple)):
-        return [args_to_json(a) for a in args]
-    if isinstance(args, mx.Dtype):
-        return {"dtype": dtype_name(args)}
-    if isinstance(args, float) and not math.isfinite(args):
-        return "nan" if math.isnan(args) else ("inf" if args > 0 else "-inf")
-    return args
 
 
 def args_from_json(args: list, primitive: str | None = None) -> list:

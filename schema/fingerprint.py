@@ -1,0 +1,101 @@
+"""Identity of a model: config hash and weights fingerprint, shared by the compiler and the runner.
+
+The plan records these; the runner recomputes them from the weights folder and refuses a mismatch
+before allocating anything. safetensors headers are parsed by hand (8-byte length + JSON), which
+costs a few kilobytes whatever the model size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from dctms.schema.errors import DctmsError
+
+# safetensors dtype tags -> MLX dtype names
+_SAFETENSORS_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "U32": "uint32",
+    "I32": "int32",
+    "F32": "float32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F64": "float64",
+}
+
+# The largest safetensors header we accept; real ones are well under a megabyte.
+_MAX_HEADER = 100 * 2**20
+
+
+@dataclass(frozen=True)
+class HeaderTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    file: str
+
+
+def canonical_config_sha256(config: dict) -> str:
+    """sha256 of the config's canonical JSON, so key order and whitespace do not matter."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+
+def layout_sha256(tensors: list[tuple[str, list[int] | tuple[int, ...], str]]) -> str:
+    """sha256 over the sorted (name, shape, dtype) list: the weights' layout, not their values."""
+    rows = sorted((name, list(shape), dtype) for name, shape, dtype in tensors)
+    text = json.dumps(rows, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_safetensors_header(path: Path) -> list[HeaderTensor]:
+    """Names, shapes, dtypes and byte sizes from a safetensors header, without reading data."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise DctmsError(f"{path}: not a safetensors file (too short)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > _MAX_HEADER:
+                raise DctmsError(f"{path}: not a safetensors file (header of {n} bytes)")
+            header = json.loads(f.read(n))
+    except OSError as err:
+        raise DctmsError(f"{path}: cannot read: {err.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DctmsError(f"{path}: not a safetensors file (bad header)") from None
+    tensors = []
+    for name, entry in sorted(header.items()):
+        if name == "__metadata__":
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype", ""))
+        if dtype is None:
+            raise DctmsError(f"{path}: tensor {name} has unsupported dtype {entry.get('dtype')}")
+        begin, end = entry["data_offsets"]
+        tensors.append(HeaderTensor(name, tuple(entry["shape"]), dtype, end - begin, path.name))
+    return tensors
+
+
+def weights_from_headers(files: tuple[Path, ...]) -> list[HeaderTensor]:
+    tensors: list[HeaderTensor] = []
+    for f in files:
+        tensors.extend(read_safetensors_header(f))
+    return sorted(tensors, key=lambda t: t.name)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
