@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from dctms.schema.fingerprint import layout_sha256
 from dctms.schema.phase_index import PlanIndex
 from dctms.schema.sizes import is_arena_tenant
 
@@ -57,7 +58,7 @@ def state_kind(ix: PlanIndex) -> Iterator[Finding]:
 
 
 def weights_fingerprint(ix: PlanIndex) -> Iterator[Finding]:
-    """The weights fingerprint's count and total match its tensor list."""
+    """The weights fingerprint's count, total and layout hash match its tensor list."""
     w = ix.plan.model.weights
     if w.count != len(w.tensors):
         yield "$.model.weights.count", f"count {w.count}, but {len(w.tensors)} tensors are listed"
@@ -66,6 +67,12 @@ def weights_fingerprint(ix: PlanIndex) -> Iterator[Finding]:
         yield (
             "$.model.weights.total_bytes",
             f"{w.total_bytes}, but the listed tensors add up to {total}",
+        )
+    layout = layout_sha256([(t.name, t.shape, t.dtype) for t in w.tensors])
+    if w.layout_sha256 != layout:
+        yield (
+            "$.model.weights.layout_sha256",
+            "does not match the listed tensors' names, shapes and dtypes",
         )
 
 

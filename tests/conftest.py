@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 
 import pytest
+from dctms.schema.fingerprint import layout_sha256
 from dctms.schema.io import encode_plan, write_plan
 from dctms.schema.types import (
     SCHEMA_VERSION,
@@ -98,7 +99,12 @@ def make_tiny_plan() -> Plan:
             config_sha256=SHA,
             num_layers=1,
             vocab_size=16,
-            weights=Weights(count=1, total_bytes=256, layout_sha256=SHA, tensors=[emb]),
+            weights=Weights(
+                count=1,
+                total_bytes=256,
+                layout_sha256=layout_sha256([(emb.name, emb.shape, emb.dtype)]),
+                tensors=[emb],
+            ),
         ),
         target=Target(
             backend="cpu",

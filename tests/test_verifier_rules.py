@@ -240,6 +240,12 @@ CASES: list[tuple[str, str, Break]] = [
     ),
     ("weights_fingerprint", "count wrong", lambda p: weights(p, count=2)),
     ("weights_fingerprint", "total wrong", lambda p: weights(p, total_bytes=257)),
+    ("weights_fingerprint", "layout hash stale", lambda p: weights(p, layout_sha256="f" * 64)),
+    (
+        "weights_fingerprint",
+        "tensor renamed without rehashing",
+        lambda p: weights(p, tensors=[replace(p.model.weights.tensors[0], name="embed")]),
+    ),
     (
         "bindings",
         "weight binding shape differs",
