@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Iterator
 
 from dctms.schema.phase_index import PhaseIndex, PlanIndex, valid_interval
@@ -185,24 +187,40 @@ def _reads_root(px: PhaseIndex, inputs: list[str], root: str) -> bool:
 
 
 def arena_overlap(ix: PlanIndex) -> Iterator[Finding]:
-    """Tenants live at the same time never share arena bytes (sweep over time, active set)."""
+    """Tenants live at the same time never share arena bytes.
+
+    Sweep over time: tenants enter in order of their first slot and leave (heap by last slot) once
+    dead; the live ones are kept sorted by offset, so a newcomer ``[lo, hi)`` is only compared with
+    live tenants starting in ``(lo - widest, hi)`` -- anything starting lower ends before ``lo``.
+    Every overlapping pair is reported once, at the tenant that starts later.
+    """
     for px in ix.phases:
         placed = [(i, t) for i, t in _tenants(px) if t.offset is not None and t.bytes > 0]
         placed.sort(key=lambda item: (item[1].interval[0], item[1].interval[1], item[1].offset))
-        active: list[tuple[int, Tensor]] = []
-        for i, t in placed:
+        widest = max((t.bytes for _, t in placed), default=0)
+        by_offset: list[tuple[int, int]] = []  # (offset, seq) of live tenants, sorted
+        live: dict[int, tuple[int, Tensor]] = {}  # seq -> (position, tensor)
+        expiry: list[tuple[int, int]] = []  # heap of (last slot, seq)
+        for seq, (i, t) in enumerate(placed):
             start = t.interval[0]
-            active = [(j, a) for j, a in active if a.interval[1] >= start]  # still live at `start`
+            while expiry and expiry[0][0] < start:
+                _, gone = heapq.heappop(expiry)
+                del by_offset[bisect.bisect_left(by_offset, (live.pop(gone)[1].offset, gone))]
             lo, hi = t.offset, t.offset + t.bytes
-            for _, a in active:
-                if a.offset < hi and lo < a.offset + a.bytes:
+            k = bisect.bisect_left(by_offset, (hi, -1)) - 1  # last live tenant starting below hi
+            while k >= 0 and by_offset[k][0] > lo - widest:
+                a = live[by_offset[k][1]][1]
+                if a.offset + a.bytes > lo:
                     both = f"{max(start, a.interval[0])}..{min(t.interval[1], a.interval[1])}"
                     yield (
                         px.tensor_path(i),
                         f"bytes [{lo}, {hi}) overlap tensor {a.id!r} [{a.offset}, {a.offset + a.bytes}) "
                         f"while both are live (slots {both})",
                     )
-            active.append((i, t))
+                k -= 1
+            bisect.insort(by_offset, (t.offset, seq))
+            live[seq] = (i, t)
+            heapq.heappush(expiry, (t.interval[1], seq))
 
 
 def buffer_overlap(ix: PlanIndex) -> Iterator[Finding]:

@@ -13,14 +13,15 @@ import time
 from dataclasses import dataclass
 
 from conftest import make_tiny_plan
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from msgspec.structs import replace
+
 from dctms.schema.io import decode_plan, encode_plan
 from dctms.schema.phase_index import build_plan_index
 from dctms.schema.sizes import align_up, is_arena_tenant, lower_bound_bytes, nbytes
 from dctms.schema.types import Binding, Buffer, Op, Phase, Plan, Stats, SyncPoint, Tensor
 from dctms.schema.verify import MAX_PER_RULE, RULES, verify_plan
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from msgspec.structs import replace
 
 EXTERNAL = ("tok", "w_emb")  # the tiny plan's input binding and weight
 
@@ -303,3 +304,20 @@ def test_rule_registry_is_complete_and_index_builds(tiny_plan: Plan) -> None:
     index = build_plan_index(tiny_plan)
     for name, rule in RULES.items():
         assert list(rule(index)) == [], name
+
+
+def test_overlap_sweep_stays_fast_when_everything_is_live() -> None:
+    """Worst case for a naive active-set sweep: ~5,000 tenants all live to the end, none overlapping."""
+    specs = transformer_like(layers=28, ops_per_layer=214)
+    plan = build_plan(specs, outputs={len(specs) - 1})
+    phase = plan.phases[0]
+    last, offset, tensors = len(phase.slots) - 1, 0, []
+    for t in phase.tensors:
+        if t.offset is not None:
+            t = replace(t, interval=[t.interval[0], last], offset=offset)
+            offset += align_up(t.bytes, 64)
+        tensors.append(t)
+    index = build_plan_index(replace(plan, phases=[replace(phase, tensors=tensors)]))
+    start = time.perf_counter()
+    assert list(RULES["arena_overlap"](index)) == []
+    assert time.perf_counter() - start < 2
