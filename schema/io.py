@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from dctms.schema.errors import DctmsError, PlanError, Problem
 from dctms.schema.layout import layout
 from dctms.schema.paths import json_path

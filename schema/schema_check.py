@@ -11,11 +11,12 @@ import functools
 import json
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
 from dctms.schema.errors import Problem
 from dctms.schema.paths import json_path
 from dctms.schema.schema_gen import SCHEMA_PATH
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
 
 RULE = "schema"
 _MAX_SHOWN = 40  # characters of a value quoted in a message

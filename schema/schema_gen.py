@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from dctms.schema.types import Plan
 from dctms.schema.versions import SCHEMA_ID
 

@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from dctms.schema.fingerprint import layout_sha256
 from dctms.schema.io import encode_plan, write_plan
 from dctms.schema.types import (

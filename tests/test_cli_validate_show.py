@@ -9,6 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+
 from dctms.schema.types import Plan
 from dctms.toolkit import cli
 from dctms.toolkit.views.show import show_text

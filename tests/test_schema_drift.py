@@ -14,11 +14,12 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 import pytest
+from jsonschema import Draft202012Validator
+
 from dctms.schema import types
 from dctms.schema.schema_check import plan_schema
 from dctms.schema.schema_gen import SCHEMA_PATH, render_json_schema
 from dctms.schema.types import MAX_BYTES, SCHEMA_VERSION, Plan
-from jsonschema import Draft202012Validator
 
 
 def expected_shape(t: mi.Type) -> dict[str, Any]:

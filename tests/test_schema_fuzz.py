@@ -18,13 +18,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from dctms.schema.errors import PlanError
 from dctms.schema.io import decode_plan, encode_plan
 from dctms.schema.schema_check import schema_problems
 from dctms.schema.types import Plan
 from dctms.schema.verify import verify_plan
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 CASES = {
     "mutations": 600,

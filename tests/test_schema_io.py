@@ -10,6 +10,8 @@ import stat
 
 import msgspec
 import pytest
+from msgspec.structs import replace
+
 from dctms.schema import io
 from dctms.schema.errors import DctmsError, PlanError
 from dctms.schema.io import (
@@ -21,7 +23,6 @@ from dctms.schema.io import (
     write_plan,
 )
 from dctms.schema.types import SCHEMA_VERSION, Plan, Weights
-from msgspec.structs import replace
 
 # -------------------------------------------------------------------------------------- canonical text
 

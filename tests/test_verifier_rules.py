@@ -6,9 +6,10 @@ from collections.abc import Callable
 
 import pytest
 from conftest import make_tiny_plan
+from msgspec.structs import replace
+
 from dctms.schema.types import Binding, Buffer, Plan, SyncPoint, Tensor
 from dctms.schema.verify import MAX_PER_RULE, RULES, verify_plan
-from msgspec.structs import replace
 
 # ----------------------------------------------------------------------------------------- helpers
 

@@ -7,6 +7,7 @@ import json
 import sys
 
 import msgspec
+
 from dctms.schema.io import read_plan
 from dctms.toolkit.views.show import show_text
 
