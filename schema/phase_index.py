@@ -48,6 +48,16 @@ def valid_interval(tensor: Tensor, num_slots: int) -> bool:
     return len(iv) == 2 and 0 <= iv[0] <= iv[1] < num_slots
 
 
+def scratch_owner(tensor: Tensor, op_at_index: dict[int, int]) -> int | None:
+    """Position of the op owning a scratch tensor ``scratch.N`` (None if malformed or absent)."""
+    if tensor.kind != "scratch" or not tensor.id.startswith("scratch."):
+        return None
+    number = tensor.id.removeprefix("scratch.")
+    if not number.isdigit():
+        return None
+    return op_at_index.get(int(number))
+
+
 def build_index(phase: Phase, path: str) -> PhaseIndex:
     index = PhaseIndex(phase=phase, path=path)
     for position, op in enumerate(phase.ops):
@@ -65,6 +75,10 @@ def build_index(phase: Phase, path: str) -> PhaseIndex:
         index.tensor_at.setdefault(tensor.id, position)
         if tensor.view_of is not None:
             index.views_of.setdefault(tensor.view_of, []).append(position)
+    for tensor in phase.tensors:
+        op_position = scratch_owner(tensor, index.op_at_index)
+        if op_position is not None:
+            index.producer.setdefault(tensor.id, op_position)
     for binding in phase.inputs:
         index.inputs.setdefault(binding.id, binding)
     index.constants = {c.id for c in phase.constants}

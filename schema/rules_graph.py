@@ -181,6 +181,27 @@ def sync_points(ix: PlanIndex) -> Iterator[Finding]:
         last = px.num_slots - 1
         if last >= 0 and last not in slots:
             yield f"{px.path}.sync_points", f"the last slot ({last}) is not a sync point"
+        yield from _sync_evaluate(px)
+
+
+def _sync_evaluate(px: PhaseIndex) -> Iterator[Finding]:
+    # What a sync point evaluates was made since the previous one; outputs are evaluated where made.
+    previous = -1
+    evaluated: set[str] = set()
+    for k, sp in enumerate(px.phase.sync_points):
+        for j, tensor_id in enumerate(sp.evaluate):
+            where = f"{px.path}.sync_points[{k}].evaluate[{j}]"
+            producer = px.producer.get(tensor_id)
+            slot = px.slot_of.get(producer) if producer is not None else None
+            if slot is None:
+                yield where, f"{tensor_id!r} is not made by any scheduled op"
+            elif not previous < slot <= sp.slot:
+                yield where, f"{tensor_id!r} is made in slot {slot}, not between slots {previous + 1} and {sp.slot}"
+            evaluated.add(tensor_id)
+        previous = sp.slot
+    for k, binding in enumerate(px.phase.outputs):
+        if binding.id in px.producer and binding.id not in evaluated:
+            yield f"{px.path}.outputs[{k}].id", f"output {binding.id!r} is evaluated at no sync point"
 
 
 def op_layer(ix: PlanIndex) -> Iterator[Finding]:

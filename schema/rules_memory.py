@@ -104,15 +104,59 @@ def interval_producer(ix: PlanIndex) -> Iterator[Finding]:
 
 
 def interval_last_use(ix: PlanIndex) -> Iterator[Finding]:
-    """A tensor's interval ends at its last read (consumers and views); phase outputs at the end."""
+    """A tensor lives at least until its last read (consumers and views) and no longer than the
+    sync point after that read, which drains everything (widening between the two models MLX's
+    run-ahead); phase outputs live until the last slot."""
     for px in ix.phases:
         outputs = px.output_ids("output")
+        syncs = sorted(sp.slot for sp in px.phase.sync_points)
         for i, t in enumerate(px.phase.tensors):
             if t.kind == "state" or not valid_interval(t, px.num_slots):
                 continue  # state aliases persistent memory and lives on after the phase
             expected, reason = _expected_end(px, t, outputs)
-            if expected is not None and t.interval[1] != expected:
-                yield f"{px.tensor_path(i)}.interval", f"ends at slot {t.interval[1]}, but {reason}"
+            if expected is None:
+                continue
+            end = t.interval[1]
+            if t.id in outputs or t.kind == "output":
+                if end != expected:
+                    yield f"{px.tensor_path(i)}.interval", f"ends at slot {end}, but {reason}"
+                continue
+            if end < expected:
+                yield f"{px.tensor_path(i)}.interval", f"ends at slot {end}, but {reason}"
+                continue
+            k = bisect.bisect_left(syncs, expected)
+            if k < len(syncs) and end > syncs[k]:
+                yield (
+                    f"{px.tensor_path(i)}.interval",
+                    f"ends at slot {end}, after the sync point at slot {syncs[k]} that frees it "
+                    f"(last read in slot {expected})",
+                )
+
+
+def scratch(ix: PlanIndex) -> Iterator[Finding]:
+    """Scratch tensor ``scratch.N`` belongs to op N: uint8, shape [bytes], bytes == op N's scratch,
+    and every op with scratch bytes has its scratch tensor."""
+    for px in ix.phases:
+        have: set[int] = set()
+        for i, t in enumerate(px.phase.tensors):
+            if t.kind != "scratch":
+                continue
+            position = px.producer.get(t.id)
+            if position is None:
+                yield f"{px.tensor_path(i)}.id", f"{t.id!r} names no op (expected scratch.<op index>)"
+                continue
+            op = px.phase.ops[position]
+            have.add(position)
+            if t.dtype != "uint8" or t.shape != [t.bytes] or t.view_of is not None:
+                yield px.tensor_path(i), "a scratch tensor is uint8 of shape [bytes] and no view"
+            if op.scratch != t.bytes:
+                yield (
+                    f"{px.tensor_path(i)}.bytes",
+                    f"{t.bytes} bytes, but op {op.index} declares {op.scratch} scratch bytes",
+                )
+        for position, op in enumerate(px.phase.ops):
+            if op.scratch and position not in have:
+                yield f"{px.op_path(position)}.scratch", f"op {op.index} has no scratch tensor"
 
 
 def _expected_end(px: PhaseIndex, t: Tensor, outputs: set[str]) -> tuple[int | None, str]:

@@ -114,6 +114,9 @@ class Target(_Base):
     alignment: Positive
     profile: TargetProfile
     device_memory: ByteCount | None = None
+    # CPU backend: encoder dispatches the host may run ahead of the worker thread; lifetimes are
+    # widened by it (see dctms.toolkit.lifetimes). 0 means the plan assumes no run-ahead.
+    run_ahead_dispatches: Int = 0
 
 
 class StateTensor(_Base):
@@ -174,7 +177,8 @@ class Tensor(_Base):
     buffer: Int | None = None
     offset: ByteCount | None = None
     view_of: Name | None = None
-    kind: Literal["intermediate", "state", "output"] = "intermediate"
+    # "scratch": a temporary MLX allocates inside op N (id "scratch.N", shape [bytes], uint8)
+    kind: Literal["intermediate", "state", "output", "scratch"] = "intermediate"
 
 
 class Buffer(_Base):
@@ -187,6 +191,9 @@ class Buffer(_Base):
 class SyncPoint(_Base):
     slot: Int  # the host waits after this slot
     reason: Name
+    # Tensors the runner passes to mx.eval here, in this order: those made since the previous
+    # sync point that are read later, and the phase outputs made since then.
+    evaluate: list[Name] = []
 
 
 class Phase(_Base):
@@ -216,6 +223,11 @@ class Envelope(_Base):
     runtime_source: str = ""
     device: ByteCount | None = None
     free: SignedBytes | None = None
+
+    @property
+    def provable(self) -> int:
+        """The part of M_max that MLX's own peak memory must never exceed (all but runtime)."""
+        return self.weights + self.kv + self.persistent + self.intermediate
 
 
 class Stats(_Base):

@@ -43,6 +43,7 @@ RULES: dict[str, Rule] = {
     "interval_producer": rules_memory.interval_producer,
     "interval_last_use": rules_memory.interval_last_use,
     "view_root": rules_memory.view_root,
+    "scratch": rules_memory.scratch,
     "arena_overlap": rules_memory.arena_overlap,
     "buffer_overlap": rules_memory.buffer_overlap,
     "buffer_holds_tenants": rules_memory.buffer_holds_tenants,

@@ -52,6 +52,17 @@ def _output_ends_early(plan: Plan) -> Plan:
     return phase(plan, outputs=P0(plan).outputs + [extra])
 
 
+def _two_segments(plan: Plan) -> Plan:
+    """A valid variant with a sync point after slot 2 (t2 crosses it, so it is evaluated there)."""
+    return phase(
+        plan,
+        sync_points=[
+            SyncPoint(2, "end of layer 0", evaluate=["k_out", "t2"]),
+            SyncPoint(4, "sample next token", evaluate=["out"]),
+        ],
+    )
+
+
 # ------------------------------------------------------------------------------- one case per break
 
 Break = Callable[[Plan], Plan]
@@ -163,7 +174,11 @@ CASES: list[tuple[str, str, Break]] = [
         "interval starts before its producer",
         lambda p: tensor(p, "t2", interval=[1, 3]),
     ),
-    ("interval_last_use", "ends after its last reader", lambda p: tensor(p, "t2", interval=[2, 4])),
+    (
+        "interval_last_use",
+        "lives past the sync point after its last read",
+        lambda p: tensor(_two_segments(p), "t0", interval=[0, 3]),
+    ),
     (
         "interval_last_use",
         "ends before its last reader",
@@ -174,6 +189,30 @@ CASES: list[tuple[str, str, Break]] = [
         "interval_last_use",
         "phase output ends before the last slot",
         lambda p: _output_ends_early(p),
+    ),
+    ("scratch", "scratch bytes differ from the op's", lambda p: op(p, 3, scratch=16)),
+    ("scratch", "op declares scratch without a tensor", lambda p: op(p, 4, scratch=8)),
+    ("scratch", "scratch tensor names no op", lambda p: tensor(p, "scratch.3", id="scratch.9")),
+    (
+        "scratch",
+        "scratch tensor with a wrong shape",
+        lambda p: tensor(p, "scratch.3", shape=[2, 4]),
+    ),
+    (
+        "sync_points",
+        "a phase output evaluated at no sync point",
+        lambda p: phase(p, sync_points=[SyncPoint(4, "x", evaluate=["k_out"])]),
+    ),
+    (
+        "sync_points",
+        "evaluates a tensor made after the sync point",
+        lambda p: phase(
+            _two_segments(p),
+            sync_points=[
+                SyncPoint(2, "a", evaluate=["k_out", "t2", "t3"]),
+                SyncPoint(4, "b", evaluate=["out"]),
+            ],
+        ),
     ),
     ("view_root", "view of an unknown tensor", lambda p: tensor(p, "t1", view_of="t9")),
     ("view_root", "view of itself", lambda p: tensor(p, "t1", view_of="t1")),
@@ -195,7 +234,12 @@ CASES: list[tuple[str, str, Break]] = [
         "tenant larger than its buffer",
         lambda p: phase(p, buffers=[Buffer(0, 16), Buffer(1, 8)]),
     ),
-    ("buffer_holds_tenants", "state tensor with an offset", lambda p: tensor(p, "k_out", offset=0)),
+    ("view_root", "state tensor (aliasing its input) with an offset", lambda p: tensor(p, "k_out", offset=0)),
+    (
+        "buffer_holds_tenants",
+        "state tensor with a buffer and no view_of",
+        lambda p: tensor(p, "k_out", view_of=None, buffer=0),
+    ),
     (
         "buffer_sized",
         "buffer larger than its largest tenant",
@@ -305,6 +349,10 @@ CASES: list[tuple[str, str, Break]] = [
     ("stats", "arena wrong", lambda p: nested(p, "stats", arena_bytes=64)),
     ("stats", "lower bound wrong", lambda p: nested(p, "stats", lower_bound_bytes=64)),
 ]
+
+
+def test_two_segment_variant_is_valid(tiny_plan: Plan) -> None:
+    assert verify_plan(_two_segments(tiny_plan)) == []
 
 
 def test_tiny_plan_is_valid(tiny_plan: Plan) -> None:

@@ -42,8 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -43,5 +43,3 @@ def load_source(path: str | Path) -> ModelSource:
         raise DctmsError(f"{config_path}: not a model config (no model_type)")
     files = tuple(sorted(folder.glob("model*.safetensors"))) if folder else ()
     return ModelSource(config, canonical_config_sha256(config), folder, files)
-
-

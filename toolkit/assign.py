@@ -1,0 +1,136 @@
+"""Pass 3, assign: physical buffers (the paper's interval colouring) and offsets in one arena.
+
+* ``colour``: tensors whose intervals are disjoint may share a buffer; greedy by start time gives
+  the minimum number of buffers for an interval graph (Golumbic), each sized to its largest tenant.
+  Among free buffers we pick the best fit by size, which keeps the buffers' total small too.
+* ``pack``: offsets in a single arena, greedy best-fit over several orders (by size, by lifetime
+  length, by start), keeping the smallest arena (the TFLite/XLA practice); offsets and sizes are
+  rounded up to the alignment.
+* ``lower_bound``: max over slots of the aligned bytes live in that slot: no packing can beat it.
+
+Intervals are inclusive slot ranges ``(s, e)``; two tensors conflict when ``a0 <= b1 and b0 <= a1``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def align_up(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def colour(
+    intervals: Sequence[tuple[int, int]], sizes: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """Buffer index per tensor and each buffer's size (its largest tenant)."""
+    order = sorted(range(len(intervals)), key=lambda i: (intervals[i][0], -sizes[i], i))
+    busy: list[tuple[int, int]] = []  # heap of (end, buffer)
+    free_sizes: list[tuple[int, int]] = []  # sorted (size, buffer) of free buffers
+    buffer_of = [0] * len(intervals)
+    buffer_size: list[int] = []
+    for i in order:
+        s, e = intervals[i]
+        while busy and busy[0][0] < s:
+            _, b = heapq.heappop(busy)
+            bisect.insort(free_sizes, (buffer_size[b], b))
+        if free_sizes:
+            # Best fit: the smallest free buffer that holds it, else the largest (grown to fit).
+            k = bisect.bisect_left(free_sizes, (sizes[i], -1))
+            if k == len(free_sizes):
+                k -= 1
+            _, b = free_sizes.pop(k)
+            buffer_size[b] = max(buffer_size[b], sizes[i])
+        else:
+            b = len(buffer_size)
+            buffer_size.append(sizes[i])
+        buffer_of[i] = b
+        heapq.heappush(busy, (e, b))
+    return buffer_of, buffer_size
+
+
+def lower_bound(intervals: Sequence[tuple[int, int]], sizes: Sequence[int], n_slots: int) -> int:
+    """Max over slots of live bytes (sizes already aligned)."""
+    if not intervals:
+        return 0
+    delta = np.zeros(n_slots + 1, dtype=np.int64)
+    starts = np.fromiter((s for s, _ in intervals), dtype=np.int64, count=len(intervals))
+    ends = np.fromiter((e + 1 for _, e in intervals), dtype=np.int64, count=len(intervals))
+    w = np.asarray(sizes, dtype=np.int64)
+    np.add.at(delta, starts, w)
+    np.add.at(delta, ends, -w)
+    return int(np.cumsum(delta).max())
+
+
+def pack(
+    intervals: Sequence[tuple[int, int]], sizes: Sequence[int], alignment: int
+) -> tuple[list[int], int]:
+    """Arena offsets per tensor and the arena size; best of several greedy orders."""
+    n = len(intervals)
+    if n == 0:
+        return [], 0
+    aligned = [align_up(max(sz, 1), alignment) for sz in sizes]
+    orders = [
+        sorted(range(n), key=lambda i: (-aligned[i], intervals[i][0], i)),
+        sorted(range(n), key=lambda i: (-(intervals[i][1] - intervals[i][0]), -aligned[i], i)),
+        sorted(range(n), key=lambda i: (intervals[i][0], -aligned[i], i)),
+    ]
+    best: tuple[int, list[int]] | None = None
+    for order in orders:
+        offsets, arena = _greedy_best_fit(order, intervals, aligned)
+        if best is None or arena < best[0]:
+            best = (arena, offsets)
+    assert best is not None
+    return best[1], best[0]
+
+
+def _greedy_best_fit(
+    order: Sequence[int], intervals: Sequence[tuple[int, int]], aligned: Sequence[int]
+) -> tuple[list[int], int]:
+    n = len(intervals)
+    starts = np.array([s for s, _ in intervals], dtype=np.int64)
+    ends = np.array([e for _, e in intervals], dtype=np.int64)
+    placed_idx = np.empty(n, dtype=np.int64)
+    lo = np.empty(n, dtype=np.int64)
+    hi = np.empty(n, dtype=np.int64)
+    count = 0
+    offsets = [0] * n
+    arena = 0
+    for i in order:
+        size = aligned[i]
+        if count:
+            idx = placed_idx[:count]
+            overlap = (starts[idx] <= ends[i]) & (starts[i] <= ends[idx])
+            gaps_lo = lo[:count][overlap]
+            gaps_hi = hi[:count][overlap]
+        else:
+            gaps_lo = gaps_hi = np.empty(0, dtype=np.int64)
+        offset = _best_gap(gaps_lo, gaps_hi, size)
+        offsets[i] = offset
+        placed_idx[count] = i
+        lo[count] = offset
+        hi[count] = offset + size
+        count += 1
+        arena = max(arena, offset + size)
+    return offsets, arena
+
+
+def _best_gap(lo: np.ndarray, hi: np.ndarray, size: int) -> int:
+    """Lowest-waste gap of at least ``size`` between occupied ranges, else the top."""
+    if lo.size == 0:
+        return 0
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], hi[order]
+    tops = np.maximum.accumulate(hi)
+    # Gap before range k: from the highest end of ranges before it to lo[k].
+    gap_start = np.concatenate(([0], tops[:-1]))
+    gap = lo - gap_start
+    fits = np.nonzero(gap >= size)[0]
+    if fits.size:
+        k = fits[np.argmin(gap[fits])]
+        return int(gap_start[k])
+    return int(tops[-1])

@@ -1,0 +1,96 @@
+"""``dctms compile MODEL -N INT -M INT [-o PLAN]``: trace a model and write its memory plan."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from dctms.schema.io import encode_plan, write_plan
+from dctms.toolkit.compiler import CompileOptions, compile_plan
+from dctms.toolkit.model_source import load_source
+from dctms.toolkit.profiles import PROFILES
+from dctms.toolkit.sizes import human, parse_size
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "compile",
+        help="trace an mlx-lm model and write its memory plan",
+        description=(
+            "Trace the real MLX graph of an mlx-lm model (weights are never materialised), "
+            "derive every tensor's lifetime, pack intermediates into one arena, schedule slots "
+            "and sync points, and write the plan with its memory envelope M_max. MODEL is a "
+            "folder holding config.json (safetensors optional) or a config.json path."
+        ),
+    )
+    p.add_argument("model", metavar="MODEL", help="model folder or config.json")
+    p.add_argument("-N", "--input-tokens", type=int, required=True, help="longest prompt (tokens)")
+    p.add_argument("-M", "--output-tokens", type=int, required=True, help="most generated tokens")
+    p.add_argument("-o", "--output", metavar="PLAN", help="plan file to write (default: stdout)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per call (default 1)")
+    p.add_argument(
+        "--prefill-chunk", type=int, help="tokens per prefill call (default min(N, 512))"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        help="model dtype (default: the config's torch_dtype, else bfloat16)",
+    )
+    p.add_argument(
+        "--memory",
+        metavar="SIZE",
+        type=parse_size,
+        help="device memory budget, e.g. 16GiB: exit 1 when M_max does not fit",
+    )
+    p.add_argument("--backend", choices=["cpu", "gpu"], help="MLX device (default: MLX's default)")
+    p.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
+    p.add_argument("--profile", choices=sorted(PROFILES), help="roofline target profile")
+    p.add_argument(
+        "--hash-weights",
+        action="store_true",
+        help="record the sha256 of every safetensors file (reads all weights once)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
+
+    source = load_source(args.model)
+    opts = CompileOptions(
+        input_tokens=args.input_tokens,
+        output_tokens=args.output_tokens,
+        batch=args.batch,
+        prefill_chunk=args.prefill_chunk,
+        dtype=args.dtype,
+        device_memory=args.memory,
+        backend=args.backend,
+        alignment=args.alignment,
+        profile=args.profile,
+        hash_weights=args.hash_weights,
+    )
+    plan = compile_plan(source, opts, progress)
+    if args.output and args.output != "-":
+        write_plan(plan, args.output)
+        progress(f"wrote {args.output}")
+    else:
+        sys.stdout.buffer.write(encode_plan(plan))
+    env = plan.envelope
+    progress(
+        f"M_max {human(env.total)} (weights {human(env.weights)}, kv {human(env.kv)}, "
+        f"intermediate {human(env.intermediate)}, runtime {human(env.runtime)})"
+    )
+    if env.free is not None and env.free < 0:
+        print(
+            f"dctms compile: M_max {human(env.total)} does not fit the {human(env.device)} budget: "
+            f"short by {human(-env.free)} ({-env.free} bytes)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,323 @@
+"""The compiler: model config (+ optional weights) and bounds in, a verified ``Plan`` out.
+
+trace -> schedule -> lifetimes -> assign -> envelope -> emit; each pass is its own module.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+import dctms
+from dctms.schema.errors import DctmsError
+from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256, weights_from_headers
+from dctms.schema.types import (
+    SCHEMA_VERSION,
+    Binding,
+    Bounds,
+    Buffer,
+    Constant,
+    Generator,
+    KVStorage,
+    ModelInfo,
+    Op,
+    Phase,
+    Plan,
+    Quantization,
+    StateTensor,
+    Stats,
+    SyncPoint,
+    Target,
+    Tensor,
+    Weights,
+    WeightTensor,
+)
+from dctms.toolkit import assign
+from dctms.toolkit.envelope import build_envelope
+from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, analyse
+from dctms.toolkit.memory_model import ITEMSIZE, RESHAPES, VIEW_ALWAYS, nbytes
+from dctms.toolkit.model_source import ModelSource
+from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
+from dctms.toolkit.schedule import build_schedule
+from dctms.toolkit.trace import (
+    DTYPES,
+    TracedPhase,
+    build_model,
+    check_cache_support,
+    kv_capacity,
+    trace_model,
+)
+
+ARENA_KINDS = ("intermediate", "output", "scratch")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    input_tokens: int
+    output_tokens: int
+    batch: int = 1
+    prefill_chunk: int | None = None
+    dtype: str | None = None
+    device_memory: int | None = None
+    backend: str | None = None
+    alignment: int = 64
+    profile: str | None = None
+    hash_weights: bool = False
+
+
+def _check_options(opts: CompileOptions) -> None:
+    for name in ("input_tokens", "output_tokens", "batch"):
+        if getattr(opts, name) < 1:
+            raise DctmsError(
+                f"{name.replace('_', ' ')} must be at least 1, got {getattr(opts, name)}"
+            )
+    if opts.prefill_chunk is not None and opts.prefill_chunk < 1:
+        raise DctmsError(f"prefill chunk must be at least 1, got {opts.prefill_chunk}")
+    if opts.alignment < 1 or opts.alignment & (opts.alignment - 1):
+        raise DctmsError(f"alignment must be a power of two, got {opts.alignment}")
+    if opts.dtype is not None and opts.dtype not in DTYPES:
+        raise DctmsError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype}")
+
+
+def compile_plan(
+    source: ModelSource, opts: CompileOptions, progress: Callable[[str], None] | None = None
+) -> Plan:
+    say = progress or (lambda _msg: None)
+    _check_options(opts)
+    config = source.config
+    dtype = opts.dtype or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    if dtype not in DTYPES:
+        dtype = "bfloat16"
+    chunk = opts.prefill_chunk or min(opts.input_tokens, 512)
+    backend = opts.backend or ("gpu" if mx.default_device() == mx.gpu else "cpu")
+    if backend != ("gpu" if mx.default_device() == mx.gpu else "cpu"):
+        raise DctmsError(
+            f"backend {backend} is not this machine's MLX device "
+            f"({mx.default_device()}): trace on the target backend"
+        )
+    profile = get_profile(opts.profile or DEFAULT_PROFILE[backend])
+
+    headers = weights_from_headers(source.weight_files) if source.weight_files else None
+    say(f"building {config.get('model_type')} model (lazy weights)")
+    model = build_model(config, dtype, {h.name for h in headers} if headers else None)
+    num_layers = check_cache_support(model)
+    capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
+    say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
+    traced = trace_model(
+        model, num_layers, batch=opts.batch, prefill_chunk=chunk, capacity=capacity
+    )
+
+    weights = _weights(traced.weights, headers, source, opts.hash_weights)
+    ridge = ridge_point(profile)
+    phases = []
+    for tp in traced.phases:
+        say(f"planning {tp.name}: {len(tp.ops)} primitives")
+        phases.append(_plan_phase(tp, ridge, opts.alignment))
+
+    state = [
+        StateTensor(b.name, "kv", list(b.shape), b.dtype, nbytes(b.shape, b.dtype))
+        for b in traced.phases[1].inputs
+        if b.kind == "state"
+    ] + _persistent(traced.phases)
+    persistent = sum(s.bytes for s in state if s.kind == "persistent")
+    envelope = build_envelope(
+        weights=weights.total_bytes,
+        kv=sum(s.bytes for s in state if s.kind == "kv"),
+        persistent=persistent,
+        intermediate=max(p.arena_bytes for p in phases),
+        backend=backend,
+        device_memory=opts.device_memory,
+    )
+    logical = sum(
+        1 for p in phases for t in p.tensors if t.view_of is None and t.kind in ARENA_KINDS
+    )
+    physical = sum(len(p.buffers) for p in phases)
+    quant = config.get("quantization")
+    return Plan(
+        schema_version=SCHEMA_VERSION,
+        generator=Generator(dctms.__version__, mx.__version__, _mlx_lm_version()),
+        bounds=Bounds(
+            input_tokens=opts.input_tokens,
+            output_tokens=opts.output_tokens,
+            batch=opts.batch,
+            prefill_chunk=chunk,
+            dtype=dtype,
+            kv=KVStorage(dtype=traced.kv.dtype),
+            kv_capacity=capacity,
+        ),
+        model=ModelInfo(
+            architecture=str(config.get("model_type")),
+            config_sha256=source.config_sha256,
+            num_layers=num_layers,
+            vocab_size=traced.vocab_size,
+            weights=weights,
+            quantization=(
+                Quantization(
+                    int(quant["group_size"]), int(quant["bits"]), quant.get("mode", "affine")
+                )
+                if quant and "bits" in quant
+                else None
+            ),
+        ),
+        target=Target(
+            backend=backend,
+            alignment=opts.alignment,
+            profile=profile,
+            device_memory=opts.device_memory,
+            run_ahead_dispatches=RUN_AHEAD_DISPATCHES if backend == "cpu" else 0,
+        ),
+        state=state,
+        phases=phases,
+        envelope=envelope,
+        stats=Stats(
+            logical_tensors=logical,
+            physical_buffers=physical,
+            reduction=(1 - physical / logical) if logical else 0.0,
+            arena_bytes=max(p.arena_bytes for p in phases),
+            lower_bound_bytes=max(p.lower_bound_bytes for p in phases),
+        ),
+    )
+
+
+def _persistent(phases: list[TracedPhase]) -> list[StateTensor]:
+    """Memory the runner holds across calls besides the cache: each phase's constants (made once)
+    and its per-call input arrays. Recorded as byte blocks (uint8, shape [bytes])."""
+    blocks = []
+    for tp in phases:
+        for what, items in (
+            ("constants", tp.constants),
+            ("inputs", [b for b in tp.inputs if b.kind == "input"]),
+        ):
+            size = sum(nbytes(x.shape, x.dtype) for x in items)
+            if size:
+                blocks.append(StateTensor(f"{tp.name}.{what}", "persistent", [size], "uint8", size))
+    return blocks
+
+
+def _mlx_lm_version() -> str:
+    from mlx_lm import __version__
+
+    return __version__
+
+
+def _weights(
+    traced, headers: list[HeaderTensor] | None, source: ModelSource, hash_files: bool
+) -> Weights:
+    """The fingerprint: from the safetensors headers when present (and they must match the model)."""
+    if headers is not None:
+        by_name = {h.name: h for h in headers}
+        for b in traced:
+            h = by_name.get(b.name)
+            if h is None:
+                raise DctmsError(f"weights in {source.folder} lack {b.name}, which the model needs")
+            if tuple(h.shape) != tuple(b.shape) or h.dtype != b.dtype:
+                raise DctmsError(
+                    f"weights in {source.folder}: {b.name} is {h.dtype}{list(h.shape)}, "
+                    f"the model expects {b.dtype}{list(b.shape)}"
+                )
+        extra = sorted(set(by_name) - {b.name for b in traced})
+        if extra:
+            raise DctmsError(
+                f"weights in {source.folder} hold {extra[0]}, which the model does not use"
+            )
+        rows = [WeightTensor(h.name, list(h.shape), h.dtype, h.bytes) for h in headers]
+        files = {f.name: file_sha256(f) for f in source.weight_files} if hash_files else None
+    else:
+        rows = [
+            WeightTensor(b.name, list(b.shape), b.dtype, nbytes(b.shape, b.dtype)) for b in traced
+        ]
+        files = None
+    rows.sort(key=lambda w: w.name)
+    return Weights(
+        count=len(rows),
+        total_bytes=sum(w.bytes for w in rows),
+        layout_sha256=layout_sha256([(w.name, w.shape, w.dtype) for w in rows]),
+        tensors=rows,
+        files_sha256=files,
+    )
+
+
+def _plan_phase(tp: TracedPhase, ridge: float, alignment: int) -> Phase:
+    views = {i for i, op in enumerate(tp.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
+    sched = build_schedule(tp, views, ridge)
+    lives = analyse(tp, sched)
+
+    tenants = [t for t, life in lives.lives.items() if life.kind in ARENA_KINDS]
+    intervals = [lives.slot_interval[t] for t in tenants]
+    sizes = [lives.lives[t].bytes for t in tenants]
+    buffer_of, buffer_size = assign.colour(intervals, sizes)
+    offsets, arena = assign.pack(intervals, sizes, alignment)
+    aligned = [assign.align_up(max(s, 1), alignment) for s in sizes]
+    lower = assign.lower_bound(intervals, aligned, len(sched.slots))
+    placement = {t: (buffer_of[k], offsets[k]) for k, t in enumerate(tenants)}
+
+    position = {i: p for p, i in enumerate(sched.order)}
+    ops = []
+    for p, i in enumerate(sched.order):
+        op = tp.ops[i]
+        ops.append(
+            Op(
+                index=p,
+                primitive=op.primitive,
+                inputs=list(op.inputs),
+                outputs=list(op.outputs),
+                args=op.args,
+                layer=sched.layers[i],
+                memory_bound=sched.memory_bound[i],
+                scratch=lives.scratch[p],
+            )
+        )
+    outputs = {b.id for b in tp.outputs if b.kind == "output"}
+    tensors = []
+    for t, life in sorted(lives.lives.items(), key=lambda kv: (kv[1].start, _scratch_last(kv[0]))):
+        s, e = lives.slot_interval[t]
+        buf, off = placement.get(t, (None, None))
+        tensors.append(
+            Tensor(
+                id=t,
+                shape=list(life.shape),
+                dtype=life.dtype,
+                bytes=life.bytes,
+                interval=[s, e],
+                buffer=buf,
+                offset=off,
+                view_of=life.root if life.kind in ("view", "state") else None,
+                kind=_plan_kind(life, outputs),
+            )
+        )
+    sync = [
+        SyncPoint(slot=slot, reason=seg.reason, evaluate=list(seg.evaluate))
+        for slot, seg in zip(sched.sync_slots, sched.segments, strict=True)
+    ]
+    del position
+    return Phase(
+        name=tp.name,
+        tokens=tp.tokens,
+        inputs=[Binding(b.id, b.kind, b.name, list(b.shape), b.dtype) for b in tp.inputs],
+        outputs=[Binding(b.id, b.kind, b.name, list(b.shape), b.dtype) for b in tp.outputs],
+        constants=[Constant(c.id, list(c.shape), c.dtype, c.value) for c in tp.constants],
+        ops=ops,
+        tensors=tensors,
+        buffers=[Buffer(b, size) for b, size in enumerate(buffer_size)],
+        slots=sched.slots,
+        sync_points=sync,
+        arena_bytes=arena,
+        lower_bound_bytes=lower,
+    )
+
+
+def _plan_kind(life, outputs: set[str]) -> str:
+    # Views carry no kind of their own (view_of says what they alias), except a phase output.
+    if life.kind == "view":
+        return "output" if life.id in outputs else "intermediate"
+    return life.kind
+
+
+def _scratch_last(tid: str) -> int:
+    return 1 if tid.startswith("scratch.") else 0
+
+
+_ = (math, ITEMSIZE)

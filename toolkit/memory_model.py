@@ -1,0 +1,399 @@
+"""What each primitive does to memory on MLX's CPU backend: view, new allocation, or in-place.
+
+The envelope is only as sound as this model, so it follows MLX's own code (mlx/backend/common and
+mlx/backend/cpu at the pinned version) and, where it cannot be sure, errs towards *more* memory:
+
+* Views (Broadcast, Transpose, Slice, ExpandDims, Squeeze, ...) share their input's buffer.
+* Reshape / Flatten / Unflatten share the buffer when MLX's ``prepare_reshape`` can express the new
+  shape with strides, else copy. To decide, array strides are tracked through every op the way MLX
+  sets them (elementwise outputs inherit a contiguous input's strides, general ops write row-major).
+  When the model predicts a copy it also keeps the source alive for the copy's lifetime, so a
+  wrong "copy" guess can only over-estimate.
+* Scratch: temporaries MLX allocates inside an op (matmul's contiguous copies, QuantizedMatmul's
+  ``ensure_row_contiguous``, the 8-byte dynamic offset of DynamicSlice(Update)).
+* In-place: a DynamicSliceUpdate of a state input writes into the state (the runner drops its own
+  reference first, so MLX donates the buffer). Other donation is *not* modelled: it only ever lowers
+  real memory below the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+ITEMSIZE = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "uint16": 2,
+    "int16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "uint32": 4,
+    "int32": 4,
+    "float32": 4,
+    "uint64": 8,
+    "int64": 8,
+    "float64": 8,
+    "complex64": 8,
+}
+
+VIEW_ALWAYS = frozenset(
+    {
+        "Broadcast",
+        "BroadcastAxes",
+        "ExpandDims",
+        "Squeeze",
+        "Transpose",
+        "Slice",
+        "StopGradient",
+        "Copy",
+        "Depends",
+        "AsStrided",
+        "Split",
+    }
+)
+RESHAPES = frozenset({"Reshape", "Flatten", "Unflatten"})
+UNARY = frozenset(
+    {
+        "Abs",
+        "ArcCos",
+        "ArcCosh",
+        "ArcSin",
+        "ArcSinh",
+        "ArcTan",
+        "ArcTanh",
+        "AsType",
+        "Ceil",
+        "Conjugate",
+        "Cos",
+        "Cosh",
+        "Erf",
+        "ErfInv",
+        "Exp",
+        "Expm1",
+        "Floor",
+        "Imag",
+        "Log",
+        "Log1p",
+        "LogicalNot",
+        "Negative",
+        "Real",
+        "Round",
+        "Sigmoid",
+        "Sign",
+        "Sin",
+        "Sinh",
+        "Sqrt",
+        "Square",
+        "Tan",
+        "Tanh",
+    }
+)
+BINARY = frozenset(
+    {
+        "Add",
+        "ArcTan2",
+        "BitwiseBinary",
+        "Divide",
+        "DivMod",
+        "Equal",
+        "FloorDivide",
+        "Greater",
+        "GreaterEqual",
+        "Less",
+        "LessEqual",
+        "LogAddExp",
+        "LogicalAnd",
+        "LogicalOr",
+        "Maximum",
+        "Minimum",
+        "Multiply",
+        "NotEqual",
+        "Power",
+        "Remainder",
+        "Subtract",
+    }
+)
+# Ops that copy a non-contiguous last axis into a temporary which then becomes the output.
+LAST_AXIS_CONTIGUOUS = frozenset({"Softmax"})
+_SIZE_CAP = 2**31 - 1  # collapse_contiguous_dims default size cap
+DYNAMIC_OFFSET_BYTES = 8  # int64 offset MLX computes for DynamicSlice / DynamicSliceUpdate
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Strides and flags of an array as MLX would hold them (element strides)."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    data_size: int
+    row: bool
+    col: bool
+    contiguous: bool
+
+
+def row_major(shape: tuple[int, ...]) -> Layout:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    size = math.prod(shape)
+    return Layout(
+        tuple(shape),
+        tuple(reversed(strides)),
+        size,
+        True,
+        True if len([n for n in shape if n != 1]) <= 1 else False,
+        True,
+    )
+
+
+def _contiguity(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, bool, bool]:
+    # MLX's check_contiguity: (size ignoring broadcast axes, row contiguous, col contiguous).
+    no_bsx, f, b, row, col = 1, 1, 1, True, True
+    n = len(shape)
+    for i in range(n):
+        ri = n - 1 - i
+        col &= strides[i] == f or shape[i] == 1
+        row &= strides[ri] == b or shape[ri] == 1
+        f *= shape[i]
+        b *= shape[ri]
+        if strides[i] > 0:
+            no_bsx *= shape[i]
+    return no_bsx, row, col
+
+
+def strided(shape: tuple[int, ...], strides: tuple[int, ...], data_size: int) -> Layout:
+    no_bsx, row, col = _contiguity(shape, strides)
+    return Layout(tuple(shape), tuple(strides), data_size, row, col, no_bsx == data_size)
+
+
+def _like(src: Layout, shape: tuple[int, ...]) -> Layout:
+    # An elementwise output allocated with its input's strides and flags.
+    return Layout(tuple(shape), src.strides, src.data_size, src.row, src.col, src.contiguous)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What one op output costs: ``view_of`` an input index, a fresh allocation, or in-place."""
+
+    kind: str  # "view" | "alloc" | "inplace"
+    source: int | None  # input index whose buffer a view or in-place update uses
+    layout: Layout
+    keep_source: bool = False  # a predicted copy that also keeps its source alive (see module doc)
+
+
+@dataclass(frozen=True)
+class OpMemory:
+    effects: tuple[Effect, ...]
+    scratch: int  # bytes of temporaries live while the op runs
+    dispatches: int  # CPU encoder dispatches the op makes (1 holder + kernels), a lower bound
+
+
+def nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    return math.prod(shape) * ITEMSIZE[dtype]
+
+
+def op_memory(
+    primitive: str,
+    args: list,
+    inputs: list[Layout],
+    input_dtypes: list[str],
+    out_shapes: list[tuple[int, ...]],
+    out_dtypes: list[str],
+    input_is_state: list[bool],
+) -> OpMemory:
+    """The memory effect of one primitive given its inputs' layouts."""
+    shape = tuple(out_shapes[0])
+    if primitive in VIEW_ALWAYS:
+        return OpMemory(
+            tuple(_view(primitive, args, inputs[0], tuple(s)) for s in out_shapes), 0, 1
+        )
+    if primitive in RESHAPES:
+        view = _reshape_view(inputs[0], shape)
+        if view is not None:
+            return OpMemory((Effect("view", 0, view),), 0, 1)
+        return OpMemory((Effect("alloc", 0, row_major(shape), keep_source=True),), 0, 2)
+    if primitive in UNARY:
+        src = inputs[0]
+        out = _like(src, shape) if src.contiguous else row_major(shape)
+        return OpMemory((Effect("alloc", None, out),), 0, 2)
+    if primitive in BINARY:
+        out = _binary_layout(inputs[0], inputs[1], shape)
+        return OpMemory(tuple(Effect("alloc", None, out) for _ in out_shapes), 0, 2)
+    if primitive == "Select":
+        if all(i.data_size == 1 for i in inputs):
+            out = Layout(shape, inputs[0].strides, 1, True, True, True)
+        elif all(i.row for i in inputs):
+            out = _like(inputs[0], shape)
+        else:
+            out = row_major(shape)
+        return OpMemory((Effect("alloc", None, out),), 0, 2)
+    if primitive in LAST_AXIS_CONTIGUOUS:
+        src = inputs[0]
+        ok = src.contiguous and (len(src.strides) == 0 or src.strides[-1] == 1)
+        return OpMemory(
+            (Effect("alloc", None, _like(src, shape) if ok else row_major(shape)),), 0, 2
+        )
+    if primitive in ("DynamicSliceUpdate", "SliceUpdate"):
+        scratch = DYNAMIC_OFFSET_BYTES if primitive == "DynamicSliceUpdate" else 0
+        src = inputs[0]
+        if input_is_state[0]:
+            return OpMemory((Effect("inplace", 0, src),), scratch, 3)
+        out = (
+            _like(src, shape)
+            if src.contiguous and src.data_size == math.prod(src.shape)
+            else (row_major(shape))
+        )
+        return OpMemory((Effect("alloc", None, out),), scratch, 3)
+    if primitive == "DynamicSlice":
+        return OpMemory((Effect("alloc", None, row_major(shape)),), DYNAMIC_OFFSET_BYTES, 2)
+    if primitive in ("Matmul", "AddMM"):
+        scratch = sum(
+            nbytes(lay.shape, dt)
+            for lay, dt in zip(inputs[:2], input_dtypes[:2], strict=True)
+            if not _matmul_friendly(lay)
+        )
+        return OpMemory((Effect("alloc", None, row_major(shape)),), scratch, 2)
+    if primitive in (
+        "QuantizedMatmul",
+        "GatherQMM",
+        "GatherMM",
+        "LogSumExp",
+        "Scan",
+        "Sort",
+        "ArgSort",
+        "Partition",
+        "ArgPartition",
+    ):
+        # These make row-contiguous copies of inputs that are not (ensure_row_contiguous et al.).
+        scratch = sum(
+            nbytes(lay.shape, dt)
+            for lay, dt in zip(inputs, input_dtypes, strict=True)
+            if not lay.row
+        )
+        return OpMemory(
+            tuple(Effect("alloc", None, row_major(tuple(s))) for s in out_shapes), scratch, 2
+        )
+    # Every other primitive writes fresh row-major outputs (Matmul-like, Gather, Concatenate,
+    # Reduce, ArgReduce, Arange, Full, ...).
+    return OpMemory(tuple(Effect("alloc", None, row_major(tuple(s))) for s in out_shapes), 0, 2)
+
+
+def _matmul_friendly(lay: Layout) -> bool:
+    # MLX's check_transpose: the last two axes must be row- or column-major (BLAS lda).
+    if len(lay.shape) < 2:
+        return True
+    stx, sty = lay.strides[-2], lay.strides[-1]
+    return (stx == lay.shape[-1] and sty == 1) or (stx == 1 and sty == lay.shape[-2])
+
+
+def _binary_layout(a: Layout, b: Layout, shape: tuple[int, ...]) -> Layout:
+    # MLX's get_binary_op_type + set_binary_op_output_data (without donation).
+    if a.data_size == 1 and b.data_size == 1:
+        return Layout(shape, a.strides, 1, a.row, a.col, a.contiguous)
+    if a.data_size == 1 and b.contiguous:
+        return _like(b, shape)
+    if b.data_size == 1 and a.contiguous:
+        return _like(a, shape)
+    if (a.row and b.row) or (a.col and b.col):
+        return _like(a, shape)
+    return row_major(shape)
+
+
+def _view(primitive: str, args: list, src: Layout, shape: tuple[int, ...]) -> Effect:
+    if primitive == "Transpose":
+        perm = args[0]
+        strides = tuple(src.strides[p] for p in perm)
+        if src.contiguous and src.data_size == math.prod(src.shape):
+            lay = strided(shape, strides, src.data_size)
+        else:
+            lay = Layout(shape, strides, src.data_size, False, False, src.contiguous)
+        return Effect("view", 0, lay)
+    if primitive in ("Broadcast", "BroadcastAxes"):
+        lead = len(shape) - len(src.shape)
+        strides = [0] * lead
+        for i, n in enumerate(src.shape):
+            strides.append(0 if (n == 1 and shape[lead + i] != 1) else src.strides[i])
+        if math.prod(shape) == math.prod(src.shape):
+            lay = Layout(shape, tuple(strides), src.data_size, src.row, src.col, src.contiguous)
+        else:
+            lay = Layout(shape, tuple(strides), src.data_size, False, False, False)
+        return Effect("view", 0, lay)
+    if primitive == "ExpandDims":
+        strides = list(src.strides)
+        for ax in sorted(args[0]):
+            strides.insert(ax, 1)
+        return Effect(
+            "view",
+            0,
+            Layout(shape, tuple(strides), src.data_size, src.row, src.col, src.contiguous),
+        )
+    if primitive == "Squeeze":
+        axes = set(args[0])
+        strides = tuple(s for i, s in enumerate(src.strides) if i not in axes)
+        return Effect(
+            "view", 0, Layout(shape, strides, src.data_size, src.row, src.col, src.contiguous)
+        )
+    if primitive == "Slice":
+        _start, _stop, steps = args
+        strides = tuple(s * k for s, k in zip(src.strides, steps, strict=True))
+        hi = sum(s * (n - 1) for s, n in zip(strides, shape, strict=True) if s > 0)
+        lo = sum(s * (n - 1) for s, n in zip(strides, shape, strict=True) if s < 0)
+        return Effect("view", 0, strided(shape, strides, hi - lo + 1))
+    # StopGradient / Copy / Depends / Split / AsStrided: treat as sharing with unknown strides
+    # (not row-contiguous), so any later reshape is predicted as a copy.
+    return Effect(
+        "view",
+        0,
+        Layout(
+            shape,
+            src.strides if len(src.strides) == len(shape) else tuple(0 for _ in shape),
+            src.data_size,
+            False,
+            False,
+            False,
+        ),
+    )
+
+
+def _reshape_view(src: Layout, shape: tuple[int, ...]) -> Layout | None:
+    """MLX's prepare_reshape: the reshaped strides when no copy is needed, else None."""
+    if math.prod(src.shape) == 0 or src.row:
+        return Layout(
+            shape,
+            row_major(shape).strides,
+            src.data_size,
+            src.row,
+            len([n for n in shape if n != 1]) <= 1,
+            src.contiguous,
+        )
+    if len(src.shape) == 0:
+        return Layout(shape, tuple(0 for _ in shape), src.data_size, False, False, src.contiguous)
+    # MLX's collapse_contiguous_dims (array overload): keep axis 0, skip later size-1 axes, merge
+    # an axis into the previous one when its stride times its size equals the previous stride.
+    merged = [[src.shape[0], src.strides[0]]]
+    for n, s in zip(src.shape[1:], src.strides[1:], strict=True):
+        if n == 1:
+            continue
+        if s * n != merged[-1][1] or merged[-1][0] * n > _SIZE_CAP:
+            merged.append([n, s])
+        else:
+            merged[-1] = [merged[-1][0] * n, s]
+    cshape = [m[0] for m in merged]
+    cstrides = [m[1] for m in merged]
+    out_strides: list[int] = []
+    j = 0
+    for n in shape:
+        if j < len(cshape) and cshape[j] % n == 0:
+            cshape[j] //= n
+            out_strides.append(cshape[j] * cstrides[j])
+            if cshape[j] == 1:
+                j += 1
+        elif n == 1:
+            out_strides.append(out_strides[-1] if out_strides else 1)
+        else:
+            return None
+    no_bsx, row, col = _contiguity(shape, tuple(out_strides))
+    return Layout(shape, tuple(out_strides), src.data_size, row, col, src.contiguous)

@@ -1,0 +1,416 @@
+"""Pass 1, trace: the real MLX primitive graph of an mlx-lm model, without materialising weights.
+
+The model class is built from config.json (quantised as the config says), its parameters are
+replaced by zero-cost broadcasts of a scalar, and ``mx.export_function`` with a callback hands us
+every primitive of one call. Two phases are traced against a *static* KV cache of fixed capacity
+whose write position is an input array, so one graph serves every step:
+
+* ``prefill``: ``prefill_chunk`` tokens at ``position``; ``last_index`` picks the chunk's last real
+  token (the final chunk is padded), whose greedy next token is returned.
+* ``decode``: one token at ``position``.
+
+Both return ``next_token`` (greedy, computed exactly as mlx-lm's sampler does) and the updated cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from dctms.schema.errors import DctmsError
+from dctms.schema.values import args_to_json, dtype_name
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+@dataclass(frozen=True)
+class TracedTensor:
+    id: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class TracedOp:
+    primitive: str
+    args: list
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TracedBinding:
+    id: str
+    kind: str  # input | weight | state | output
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class TracedConstant:
+    id: str
+    shape: tuple[int, ...]
+    dtype: str
+    value: list
+
+
+@dataclass
+class TracedPhase:
+    name: str
+    tokens: int
+    inputs: list[TracedBinding]
+    outputs: list[TracedBinding]
+    constants: list[TracedConstant]
+    ops: list[TracedOp]
+    tensors: dict[str, TracedTensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Per-layer key/value shapes the model asks its cache to store, found by probing."""
+
+    keys: tuple[tuple[int, ...], ...]  # (batch, kv_heads, capacity, head_dim) per layer
+    values: tuple[tuple[int, ...], ...]
+    dtype: str
+
+
+@dataclass
+class Traced:
+    phases: list[TracedPhase]
+    weights: list[TracedBinding]  # parameter path, shape, dtype (kind "weight")
+    kv: KVLayout
+    num_layers: int
+    vocab_size: int
+
+
+# ------------------------------------------------------------------------------------ the model
+
+
+def build_model(config: dict, dtype: str, weight_names: set[str] | None = None) -> nn.Module:
+    """mlx-lm's own model class for ``config``, cast to ``dtype`` and quantised like mlx-lm does.
+
+    Parameters stay lazy (never evaluated), so building a 7B model costs no weight memory.
+    ``weight_names``: names in the safetensors files, when present; then a layer is quantised
+    exactly when its ``.scales`` are stored, as mlx-lm's loader decides.
+    """
+    try:
+        from mlx_lm.utils import _get_classes
+    except ImportError as err:  # pragma: no cover - mlx-lm is a dependency
+        raise DctmsError(f"mlx-lm is not installed: {err}") from None
+    try:
+        model_class, args_class = _get_classes(config)
+    except ValueError as err:
+        raise DctmsError(f"not supported yet: {err}") from None
+    try:
+        model = model_class(args_class.from_dict(config))
+    except (TypeError, KeyError, ValueError, AttributeError) as err:
+        raise DctmsError(
+            f"config does not build a {config.get('model_type')} model: {err}"
+        ) from None
+    target = DTYPES[dtype]
+    # mlx-lm's convert casts floating parameters to the target dtype before quantising.
+    model.update(
+        tree_unflatten(
+            [
+                (k, v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v)
+                for k, v in tree_flatten(model.parameters())
+            ]
+        )
+    )
+    quant = config.get("quantization") or config.get("quantization_config")
+    if quant and "bits" in quant:
+        _quantize(model, quant, weight_names)
+    return model
+
+
+def _quantize(model: nn.Module, quant: dict, weight_names: set[str] | None) -> None:
+    group_size, bits = int(quant["group_size"]), int(quant["bits"])
+
+    def predicate(path: str, module: nn.Module) -> Any:
+        if path in quant:  # per-layer override, as mlx-lm's loader honours it
+            return quant[path]
+        if not hasattr(module, "to_quantized"):
+            return False
+        if weight_names is not None:
+            return f"{path}.scales" in weight_names
+        return module.weight.shape[-1] % group_size == 0
+
+    nn.quantize(
+        model,
+        group_size=group_size,
+        bits=bits,
+        mode=quant.get("mode", "affine"),
+        class_predicate=predicate,
+    )
+
+
+def check_cache_support(model: nn.Module) -> int:
+    """Number of layers with a standard KV cache; refuse models needing other caches."""
+    from mlx_lm.models.cache import KVCache
+
+    if hasattr(model, "make_cache"):
+        caches = model.make_cache()
+        kinds = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
+        if kinds:
+            raise DctmsError(
+                f"not supported yet: {model.model_type if hasattr(model, 'model_type') else 'model'}"
+                f" needs {', '.join(kinds)} (only a standard KV cache is planned)"
+            )
+        return len(caches)
+    if not hasattr(model, "layers"):
+        raise DctmsError("not supported yet: model exposes no .layers to size its KV cache")
+    return len(model.layers)
+
+
+# ------------------------------------------------------------------------------------ static cache
+
+
+class StaticKVCache:
+    """A KV cache of fixed capacity written at an array position (``mx.slice_update``).
+
+    It speaks mlx-lm's cache protocol (``offset``, ``update_and_fetch``, ``make_mask``) so the model's
+    own attention code runs unchanged; attention then spans the whole capacity, masked by position.
+    """
+
+    def __init__(self, keys: mx.array, values: mx.array, position: mx.array):
+        self.keys, self.values, self.offset = keys, values, position
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        start = self.offset.reshape(1)
+        self.keys = mx.slice_update(self.keys, k, start, axes=(2,))
+        self.values = mx.slice_update(self.values, v, start, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        capacity = self.keys.shape[2]
+        queries = (self.offset + mx.arange(n))[:, None]
+        keys = mx.arange(capacity)[None]
+        mask = queries >= keys
+        if window_size is not None:
+            mask = mask & (queries < keys + window_size)
+        return mask
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def empty(self) -> bool:
+        return False
+
+
+class _ProbeCache:
+    """Records the key/value shapes a layer writes, so the static cache needs no shape tables."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.shapes: tuple | None = None
+
+    def update_and_fetch(self, k: mx.array, v: mx.array):
+        self.shapes = (tuple(k.shape), tuple(v.shape), k.dtype)
+        return k, v
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        from mlx_lm.models.base import create_attention_mask  # noqa: F401  (same defaults)
+
+        return "causal" if n > 1 else None
+
+
+def _zero_cost(shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+    # A broadcast scalar: the right shape and dtype for tracing, a few bytes of memory.
+    return mx.broadcast_to(mx.zeros((), dtype), shape)
+
+
+def probe_kv(model: nn.Module, num_layers: int, batch: int) -> KVLayout:
+    probes = [_ProbeCache() for _ in range(num_layers)]
+    tokens = mx.zeros((batch, 1), mx.int32)
+    try:
+        model(tokens, cache=probes)
+    except Exception as err:  # model code raising on an unusual config
+        raise DctmsError(
+            f"not supported yet: model call failed while probing its cache: {err}"
+        ) from None
+    if any(p.shapes is None for p in probes):
+        raise DctmsError("not supported yet: some layers never write a KV cache (shared-KV model)")
+    return KVLayout(
+        keys=tuple(p.shapes[0] for p in probes),
+        values=tuple(p.shapes[1] for p in probes),
+        dtype=dtype_name(probes[0].shapes[2]),
+    )
+
+
+# ------------------------------------------------------------------------------------ tracing
+
+
+def kv_capacity(input_tokens: int, output_tokens: int, prefill_chunk: int) -> int:
+    """Positions the static cache holds: N + M, or more when the padded last chunk needs it."""
+    padded = math.ceil(input_tokens / prefill_chunk) * prefill_chunk
+    return max(input_tokens + output_tokens, padded)
+
+
+def state_names(num_layers: int) -> list[str]:
+    return [f"kv.{i}.{part}" for i in range(num_layers) for part in ("keys", "values")]
+
+
+def trace_model(
+    model: nn.Module,
+    num_layers: int,
+    *,
+    batch: int,
+    prefill_chunk: int,
+    capacity: int,
+) -> Traced:
+    params = dict(tree_flatten(model.parameters()))
+    weights = {k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(params.items())}
+    kv = probe_kv(model, num_layers, batch)
+    kv_shapes = {}
+    for i in range(num_layers):
+        b, h, _, d = kv.keys[i]
+        kv_shapes[f"kv.{i}.keys"] = (b, h, capacity, d)
+        b, h, _, d = kv.values[i]
+        kv_shapes[f"kv.{i}.values"] = (b, h, capacity, d)
+    state = {k: _zero_cost(s, DTYPES.get(kv.dtype, mx.float32)) for k, s in kv_shapes.items()}
+
+    def step(tokens: mx.array, position: mx.array, last_index: mx.array | None, kw: dict) -> tuple:
+        model.update(tree_unflatten([(k, kw[k]) for k in params]))
+        caches = [
+            StaticKVCache(kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"], position)
+            for i in range(num_layers)
+        ]
+        logits = model(tokens, cache=caches)
+        if last_index is None:
+            logits = logits[:, -1, :]
+        else:
+            logits = mx.take(logits, last_index, axis=1)
+        # Greedy exactly as mlx-lm's generate_step: argmax of log-probabilities.
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        next_token = mx.argmax(logprobs, axis=-1)
+        outs = [next_token]
+        for c in caches:
+            outs += [c.keys, c.values]
+        return tuple(outs)
+
+    def prefill(tokens, position, last_index, **kw):
+        return step(tokens, position, last_index, kw)
+
+    def decode(tokens, position, **kw):
+        return step(tokens, position, None, kw)
+
+    phases = [
+        _export(
+            "prefill",
+            prefill_chunk,
+            prefill,
+            {
+                "tokens": mx.zeros((batch, prefill_chunk), mx.int32),
+                "position": mx.array(0, mx.int32),
+                "last_index": mx.array(0, mx.int32),
+            },
+            weights,
+            state,
+            num_layers,
+        ),
+        _export(
+            "decode",
+            1,
+            decode,
+            {"tokens": mx.zeros((batch, 1), mx.int32), "position": mx.array(0, mx.int32)},
+            weights,
+            state,
+            num_layers,
+        ),
+    ]
+    weight_bindings = [
+        TracedBinding("", "weight", k, tuple(v.shape), dtype_name(v.dtype))
+        for k, v in weights.items()
+    ]
+    vocab = _vocab_size(model, phases[1])
+    return Traced(phases, weight_bindings, kv, num_layers, vocab)
+
+
+def _vocab_size(model: nn.Module, decode: TracedPhase) -> int:
+    args = getattr(model, "args", None)
+    vocab = getattr(args, "vocab_size", None)
+    if isinstance(vocab, int):
+        return vocab
+    # Fall back to the logits width: the input of the final argmax.
+    for op in reversed(decode.ops):
+        if op.primitive == "ArgReduce":
+            return decode.tensors[op.inputs[0]].shape[-1]
+    return 0
+
+
+def _export(
+    name: str,
+    tokens: int,
+    fn,
+    graph_inputs: dict[str, mx.array],
+    weights: dict[str, mx.array],
+    state: dict[str, mx.array],
+    num_layers: int,
+) -> TracedPhase:
+    events: list[dict] = []
+    try:
+        mx.export_function(events.append, fn, *graph_inputs.values(), **weights, **state)
+    except DctmsError:
+        raise
+    except Exception as err:
+        raise DctmsError(f"not supported yet: tracing the {name} graph failed: {err}") from None
+    return _phase_from_events(name, tokens, list(graph_inputs), events, num_layers)
+
+
+def _phase_from_events(
+    name: str, tokens: int, input_names: list[str], events: list[dict], num_layers: int
+) -> TracedPhase:
+    tensors: dict[str, TracedTensor] = {}
+
+    def note(entries) -> None:
+        for tid, shape, dtype in entries:
+            tensors[tid] = TracedTensor(tid, tuple(shape), dtype_name(dtype))
+
+    inputs: list[TracedBinding] = []
+    outputs: list[TracedBinding] = []
+    constants: list[TracedConstant] = []
+    ops: list[TracedOp] = []
+    positional: list = []
+    for ev in events:
+        kind = ev["type"]
+        if kind == "inputs":
+            positional = ev["inputs"]
+            note(positional)
+        elif kind == "keyword_inputs":
+            for (tid, shape, dtype), pname in zip(positional, input_names, strict=False):
+                inputs.append(TracedBinding(tid, "input", pname, tuple(shape), dtype_name(dtype)))
+            for key, tid in ev["keywords"]:
+                t = tensors[tid]
+                bkind = "state" if key.startswith("kv.") else "weight"
+                inputs.append(TracedBinding(tid, bkind, key, t.shape, t.dtype))
+        elif kind == "outputs":
+            note(ev["outputs"])
+            names = ["next_token", *state_names(num_layers)]
+            for (tid, shape, dtype), oname in zip(ev["outputs"], names, strict=True):
+                okind = "state" if oname.startswith("kv.") else "output"
+                outputs.append(TracedBinding(tid, okind, oname, tuple(shape), dtype_name(dtype)))
+        elif kind == "constants":
+            for tid, arr in ev["constants"]:
+                value = args_to_json(arr.reshape(-1).tolist())
+                constants.append(
+                    TracedConstant(tid, tuple(arr.shape), dtype_name(arr.dtype), value)
+                )
+                tensors[tid] = TracedTensor(tid, tuple(arr.shape), dtype_name(arr.dtype))
+        elif kind == "primitive":
+            note(ev["inputs"])
+            note(ev["outputs"])
+            ops.append(
+                TracedOp(
+                    ev["name"],
+                    args_to_json(list(ev["arguments"])),
+                    tuple(i[0] for i in ev["inputs"]),
+                    tuple(o[0] for o in ev["outputs"]),
+                )
+            )
+    return TracedPhase(name, tokens, inputs, outputs, constants, ops, tensors)
