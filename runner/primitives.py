@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
+
 from dctms.schema.errors import DctmsError
 from dctms.schema.values import args_to_json, dtype_name  # noqa: F401  (re-exported)
 

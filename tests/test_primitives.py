@@ -22,10 +22,11 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from mlx.utils import tree_flatten, tree_unflatten
+
 from dctms.runner import primitives as P
 from dctms.runner.primitives import SUPPORTED, apply_op, args_from_json, args_to_json
 from dctms.schema.errors import DctmsError
-from mlx.utils import tree_flatten, tree_unflatten
 
 # --------------------------------------------------------------------------------------------------
 # Trace / interpret / compare helpers

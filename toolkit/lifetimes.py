@@ -117,7 +117,7 @@ def analyse(phase: TracedPhase, sched: Schedule) -> PhaseLives:
             )
 
     last = n - 1
-    for t, kind in outputs.items():
+    for t in outputs:
         if t in lives:
             _read(lives, t, last, root_of)
     # A predicted copy keeps its source alive as long as itself (sound if MLX viewed instead).

@@ -125,11 +125,11 @@ def build_model(config: dict, dtype: str, weight_names: set[str] | None = None) 
     )
     quant = config.get("quantization") or config.get("quantization_config")
     if quant and "bits" in quant:
-        _quantize(model, quant, weight_names)
+        quantize_like_mlx_lm(model, quant, weight_names)
     return model
 
 
-def _quantize(model: nn.Module, quant: dict, weight_names: set[str] | None) -> None:
+def quantize_like_mlx_lm(model: nn.Module, quant: dict, weight_names: set[str] | None) -> None:
     group_size, bits = int(quant["group_size"]), int(quant["bits"])
 
     def predicate(path: str, module: nn.Module) -> Any:
@@ -285,7 +285,11 @@ def trace_model(
         if last_index is None:
             logits = logits[:, -1, :]
         else:
-            logits = mx.take(logits, last_index, axis=1)
+            # The chunk's last real token (the rest is padding): a DynamicSlice at an array index.
+            b, _, v = logits.shape
+            logits = mx.slice(logits, last_index.reshape(1), axes=(1,), slice_size=(b, 1, v))[
+                :, 0, :
+            ]
         # Greedy exactly as mlx-lm's generate_step: argmax of log-probabilities.
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         next_token = mx.argmax(logprobs, axis=-1)

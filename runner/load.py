@@ -1,0 +1,120 @@
+"""Load a plan and the weights it was compiled for; refuse any mismatch before allocating anything."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+from dctms.runner.primitives import SUPPORTED
+from dctms.schema.errors import DctmsError
+from dctms.schema.fingerprint import (
+    canonical_config_sha256,
+    file_sha256,
+    weights_from_headers,
+)
+from dctms.schema.io import read_plan
+from dctms.schema.types import Plan
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    path: Path
+    config: dict
+    weight_files: tuple[Path, ...]
+
+
+def load_checked_plan(path: str | Path) -> Plan:
+    """Schema + verifier (``read_plan``) and the runtime's own compatibility checks."""
+    plan = read_plan(path)
+    check_runtime(plan)
+    return plan
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def check_runtime(plan: Plan) -> None:
+    """The plan's primitive encoding and backend must be this process's."""
+    if _minor(plan.generator.mlx) != _minor(mx.__version__):
+        raise DctmsError(
+            f"plan was compiled with mlx {plan.generator.mlx}, this runner has mlx {mx.__version__}: "
+            "primitive encodings differ between MLX minor versions; recompile the plan"
+        )
+    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+    if plan.target.backend != device:
+        raise DctmsError(
+            f"plan targets the {plan.target.backend} backend but MLX runs on {device} here; "
+            "recompile the plan on the target"
+        )
+    for phase in plan.phases:
+        for op in phase.ops:
+            if op.primitive not in SUPPORTED:
+                raise DctmsError(
+                    f"plan uses primitive {op.primitive} (phase {phase.name}, op {op.index}), "
+                    f"which this runner cannot execute (mlx {mx.__version__})"
+                )
+
+
+def open_model_folder(path: str | Path) -> ModelFolder:
+    import json
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise DctmsError(f"{folder}: model folder not found")
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DctmsError(f"{folder}: no config.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DctmsError(f"{config_path}: unreadable: {err}") from None
+    files = tuple(sorted(folder.glob("model*.safetensors")))
+    if not files:
+        raise DctmsError(f"{folder}: no model*.safetensors weights")
+    return ModelFolder(folder, config, files)
+
+
+def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = False) -> None:
+    """Config hash, then every weight's name, shape and dtype (and sha256 with ``verify_hashes``).
+
+    Raises with the first difference, before any weight is read."""
+    if canonical_config_sha256(model.config) != plan.model.config_sha256:
+        raise DctmsError(
+            f"{model.path}/config.json differs from the config the plan was compiled for "
+            f"(sha256 {canonical_config_sha256(model.config)[:12]} vs {plan.model.config_sha256[:12]})"
+        )
+    have = {h.name: h for h in weights_from_headers(model.weight_files)}
+    want = {w.name: w for w in plan.model.weights.tensors}
+    for name in sorted(set(have) | set(want)):
+        if name not in have:
+            raise DctmsError(f"{model.path}: weight {name} is missing (the plan needs it)")
+        if name not in want:
+            raise DctmsError(f"{model.path}: weight {name} is not in the plan")
+        h, w = have[name], want[name]
+        if list(h.shape) != list(w.shape) or h.dtype != w.dtype:
+            raise DctmsError(
+                f"{model.path}: weight {name} is {h.dtype}{list(h.shape)}, "
+                f"the plan has {w.dtype}{list(w.shape)}"
+            )
+    if verify_hashes:
+        recorded = plan.model.weights.files_sha256
+        if not recorded:
+            raise DctmsError("plan records no weight hashes; recompile with --hash-weights")
+        for f in model.weight_files:
+            digest = file_sha256(f)
+            if recorded.get(f.name) != digest:
+                raise DctmsError(f"{f}: sha256 {digest[:12]} differs from the plan's")
+
+
+def load_weights(model: ModelFolder) -> dict[str, mx.array]:
+    weights: dict[str, mx.array] = {}
+    for f in model.weight_files:
+        try:
+            weights.update(mx.load(str(f)))
+        except (RuntimeError, ValueError, OSError) as err:
+            raise DctmsError(f"{f}: cannot load weights: {err}") from None
+    mx.eval(list(weights.values()))
+    return weights

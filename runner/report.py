@@ -1,0 +1,53 @@
+"""The run report: what was generated, how fast, and the memory proof (observed vs envelope)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from dctms.runner.session import Generation
+from dctms.schema.types import Plan
+
+
+def build_report(
+    plan: Plan,
+    gen: Generation,
+    mlx_peak: int,
+    rss_peak: int,
+    rss_series: list[tuple[float, int]],
+    text: str | None,
+) -> dict:
+    provable = plan.envelope.provable
+    lat = gen.token_latencies_s
+    return {
+        "tokens": gen.tokens,
+        "text": text,
+        "ttft_s": gen.ttft_s,
+        "token_latencies_s": lat,
+        "tokens_per_s": gen.tokens_per_s,
+        "observed": {"mlx_peak_bytes": mlx_peak, "rss_peak_bytes": rss_peak},
+        "envelope": msgspec.to_builtins(plan.envelope),
+        "provable_bytes": provable,
+        "within_envelope": mlx_peak <= provable,
+        "envelope_over_observed": provable / mlx_peak if mlx_peak else None,
+        "rss_within_m_max": rss_peak <= plan.envelope.total,
+        "rss_series": [[round(t, 4), rss] for t, rss in rss_series],
+    }
+
+
+def write_report(report: dict, path: str | Path) -> None:
+    """Atomic: a temp file in the same folder, then rename (never a half-written report)."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,129 @@
+"""A run of a plan: refuse mismatches, allocate everything once, generate greedily, measure.
+
+Order of events (each step only after the previous succeeded):
+1. the plan (schema, verifier, MLX version, backend) and the request (prompt <= N, tokens <= M);
+2. the weights folder's fingerprint against the plan (headers only: nothing is read yet);
+3. weights loaded, the static state (KV cache at plan capacity) allocated once, constants made;
+4. prefill in ``prefill_chunk`` pieces (last one padded, masked by position), then decode steps.
+MLX's peak memory is reset before step 3, so the observed peak covers the whole run.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from dctms.runner.execute import PhaseProgram
+from dctms.runner.load import ModelFolder, check_fingerprint, check_runtime, load_weights
+from dctms.runner.primitives import dtype_from_name
+from dctms.schema.errors import DctmsError
+from dctms.schema.types import Plan
+
+
+def check_request(plan: Plan, prompt_tokens: int, max_tokens: int) -> None:
+    b = plan.bounds
+    if prompt_tokens < 1:
+        raise DctmsError("empty prompt: at least one token is needed")
+    if prompt_tokens > b.input_tokens:
+        raise DctmsError(
+            f"prompt has {prompt_tokens} tokens, the plan allows N = {b.input_tokens}; "
+            "recompile with a larger -N"
+        )
+    if max_tokens < 1:
+        raise DctmsError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if max_tokens > b.output_tokens:
+        raise DctmsError(
+            f"--max-tokens {max_tokens} exceeds the plan's M = {b.output_tokens}; "
+            "recompile with a larger -M"
+        )
+    if b.batch != 1:
+        raise DctmsError(f"this runner executes batch-1 plans; the plan has batch {b.batch}")
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    ttft_s: float
+    token_latencies_s: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        total = sum(self.token_latencies_s)
+        return len(self.token_latencies_s) / total if total > 0 else 0.0
+
+
+class Session:
+    """Weights, static state and the two phase programs, allocated once for many generations."""
+
+    def __init__(self, plan: Plan, model: ModelFolder, verify_hashes: bool = False):
+        check_runtime(plan)
+        check_fingerprint(plan, model, verify_hashes)
+        self.plan = plan
+        self._set_limits()
+        mx.reset_peak_memory()
+        self.weights = load_weights(model)
+        self.state = {
+            s.name: mx.zeros(s.shape, dtype=dtype_from_name(s.dtype))
+            for s in plan.state
+            if s.kind == "kv"
+        }
+        mx.eval(list(self.state.values()))
+        phases = {p.name: p for p in plan.phases}
+        self.prefill = PhaseProgram(phases["prefill"])
+        self.decode = PhaseProgram(phases["decode"])
+        self.chunk = plan.bounds.prefill_chunk
+
+    def _set_limits(self) -> None:
+        env = self.plan.envelope
+        mx.set_memory_limit(env.provable)
+        mx.set_cache_limit(env.intermediate)
+        if platform.system() == "Darwin" and self.plan.target.backend == "gpu":
+            # Keep the plan's provable bytes wired so the OS cannot page them out mid-run.
+            info = mx.metal.device_info() if mx.metal.is_available() else {}
+            cap = info.get("max_recommended_working_set_size", env.provable)
+            mx.set_wired_limit(min(env.provable, cap))
+
+    def generate(
+        self, prompt: list[int], max_tokens: int, stop: set[int] | None = None
+    ) -> Generation:
+        check_request(self.plan, len(prompt), max_tokens)
+        stop = stop or set()
+        start = time.perf_counter()
+        token = self._prefill(prompt)
+        gen = Generation([token], time.perf_counter() - start)
+        position = len(prompt)
+        while len(gen.tokens) < max_tokens and token not in stop:
+            t0 = time.perf_counter()
+            out = self.decode.run(
+                {
+                    "tokens": mx.array([[token]], dtype=mx.int32),
+                    "position": mx.array(position, dtype=mx.int32),
+                },
+                self.weights,
+                self.state,
+            )
+            token = int(out["next_token"].item())
+            gen.token_latencies_s.append(time.perf_counter() - t0)
+            gen.tokens.append(token)
+            position += 1
+        return gen
+
+    def _prefill(self, prompt: list[int]) -> int:
+        token = -1
+        for start in range(0, len(prompt), self.chunk):
+            piece = prompt[start : start + self.chunk]
+            padded = piece + [0] * (self.chunk - len(piece))
+            out = self.prefill.run(
+                {
+                    "tokens": mx.array([padded], dtype=mx.int32),
+                    "position": mx.array(start, dtype=mx.int32),
+                    "last_index": mx.array(len(piece) - 1, dtype=mx.int32),
+                },
+                self.weights,
+                self.state,
+            )
+            token = int(out["next_token"].item())
+        return token

@@ -1,0 +1,90 @@
+"""``dctms run PLAN --model DIR (--prompt TEXT | --tokens 1,2,3)``: execute a plan, prove the envelope."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_OVER_ENVELOPE = 3
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="run a plan on its weights and check observed memory against M_max",
+        description=(
+            "Load and verify PLAN, refuse weights that do not match its fingerprint, allocate the "
+            "weights, KV cache and constants once, generate greedily by executing the plan's "
+            "primitives segment by segment, and compare MLX's observed peak memory with the "
+            f"provable part of M_max (exit {EXIT_OVER_ENVELOPE} when it is exceeded)."
+        ),
+    )
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("--model", required=True, metavar="DIR", help="model folder (config + weights)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json)")
+    src.add_argument("--tokens", metavar="IDS", help="prompt as comma-separated token ids")
+    p.add_argument("--max-tokens", type=int, help="tokens to generate (default: the plan's M)")
+    p.add_argument("--report", metavar="FILE", help="write the JSON run report here")
+    p.add_argument(
+        "--verify-weights",
+        action="store_true",
+        help="also compare every safetensors file's sha256 with the plan's",
+    )
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imports here keep `dctms run` free of the compiler's modules.
+    import mlx.core as mx
+
+    from dctms.runner.load import load_checked_plan, open_model_folder
+    from dctms.runner.measure import RssSampler
+    from dctms.runner.report import build_report, write_report
+    from dctms.runner.session import Session, check_request
+    from dctms.runner.tokenize import Tokenizer, parse_token_list
+
+    plan = load_checked_plan(args.plan)
+    model = open_model_folder(args.model)
+    tokenizer = Tokenizer(model.path) if args.prompt is not None else None
+    prompt = tokenizer.encode(args.prompt) if tokenizer else parse_token_list(args.tokens)
+    max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
+    check_request(plan, len(prompt), max_tokens)
+    stop = set() if args.ignore_eos or tokenizer is None else tokenizer.eos_ids
+    with RssSampler() as rss:
+        session = Session(plan, model, verify_hashes=args.verify_weights)
+        gen = session.generate(prompt, max_tokens, stop)
+    text = tokenizer.decode(gen.tokens) if tokenizer else None
+    report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text)
+    if args.report:
+        write_report(report, args.report)
+    print(text if text is not None else ",".join(map(str, gen.tokens)))
+    print(summary(report), file=sys.stderr)
+    if not report["within_envelope"]:
+        print(
+            f"dctms run: observed MLX peak {report['observed']['mlx_peak_bytes']} bytes exceeds the "
+            f"plan's provable envelope {report['provable_bytes']} bytes",
+            file=sys.stderr,
+        )
+        return EXIT_OVER_ENVELOPE
+    return 0
+
+
+def summary(report: dict) -> str:
+    mib = 2**20
+    obs = report["observed"]
+    return "\n".join(
+        [
+            f"generated {len(report['tokens'])} tokens; TTFT {report['ttft_s'] * 1000:.1f} ms; "
+            f"decode {report['tokens_per_s']:.1f} tok/s",
+            f"{'':24}{'bytes':>16}{'MiB':>12}",
+            f"{'provable M_max':24}{report['provable_bytes']:>16,}{report['provable_bytes'] / mib:>12.2f}",
+            f"{'observed MLX peak':24}{obs['mlx_peak_bytes']:>16,}{obs['mlx_peak_bytes'] / mib:>12.2f}",
+            f"{'M_max (with runtime)':24}{report['envelope']['total']:>16,}"
+            f"{report['envelope']['total'] / mib:>12.2f}",
+            f"{'observed RSS peak':24}{obs['rss_peak_bytes']:>16,}{obs['rss_peak_bytes'] / mib:>12.2f}",
+            f"within envelope: {'yes' if report['within_envelope'] else 'NO'} "
+            f"(M_max provable / observed = {report['envelope_over_observed']:.3f})",
+        ]
+    )
