@@ -19,9 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-
-def align_up(n: int, alignment: int) -> int:
-    return -(-n // alignment) * alignment
+from dctms.schema.sizes import align_up
 
 
 def colour(
@@ -67,13 +65,18 @@ def lower_bound(intervals: Sequence[tuple[int, int]], sizes: Sequence[int], n_sl
 
 
 def pack(
-    intervals: Sequence[tuple[int, int]], sizes: Sequence[int], alignment: int
+    intervals: Sequence[tuple[int, int]],
+    sizes: Sequence[int],
+    alignment: int,
+    floor: int = 0,
 ) -> tuple[list[int], int]:
-    """Arena offsets per tensor and the arena size; best of several greedy orders."""
+    """Arena offsets per tensor and the arena size; best of several greedy orders.
+
+    ``floor``: a known lower bound; an order that reaches it is optimal and ends the search."""
     n = len(intervals)
     if n == 0:
         return [], 0
-    aligned = [align_up(max(sz, 1), alignment) for sz in sizes]
+    aligned = [align_up(sz, alignment) for sz in sizes]
     orders = [
         sorted(range(n), key=lambda i: (-aligned[i], intervals[i][0], i)),
         sorted(range(n), key=lambda i: (-(intervals[i][1] - intervals[i][0]), -aligned[i], i)),
@@ -84,7 +87,8 @@ def pack(
         offsets, arena = _greedy_best_fit(order, intervals, aligned)
         if best is None or arena < best[0]:
             best = (arena, offsets)
-    assert best is not None
+        if arena <= floor:
+            break
     return best[1], best[0]
 
 

@@ -14,6 +14,7 @@ import mlx.core as mx
 import dctms
 from dctms.schema.errors import DctmsError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256, weights_from_headers
+from dctms.schema.sizes import align_up
 from dctms.schema.types import (
     SCHEMA_VERSION,
     Binding,
@@ -249,9 +250,9 @@ def _plan_phase(tp: TracedPhase, ridge: float, alignment: int) -> Phase:
     intervals = [lives.slot_interval[t] for t in tenants]
     sizes = [lives.lives[t].bytes for t in tenants]
     buffer_of, buffer_size = assign.colour(intervals, sizes)
-    offsets, arena = assign.pack(intervals, sizes, alignment)
-    aligned = [assign.align_up(max(s, 1), alignment) for s in sizes]
+    aligned = [align_up(s, alignment) for s in sizes]
     lower = assign.lower_bound(intervals, aligned, len(sched.slots))
+    offsets, arena = assign.pack(intervals, sizes, alignment, floor=lower)
     placement = {t: (buffer_of[k], offsets[k]) for k, t in enumerate(tenants)}
 
     position = {i: p for p, i in enumerate(sched.order)}

@@ -21,17 +21,17 @@ def mlx_eval_order(
     targets: Sequence[str],
     done: set[int] | None = None,
     max_width: int = BFS_MAX_WIDTH,
+    producer: dict[str, int] | None = None,
 ) -> list[int]:
     """Op indices in the order ``mx.eval(*targets)`` executes them.
 
     ``op_inputs[i]`` / ``op_outputs[i]``: tensor ids of op ``i`` (multi-output ops are MLX siblings).
     ``done``: ops already evaluated by an earlier ``mx.eval`` (their outputs are leaves now).
+    ``producer``: tensor id -> op index, when the caller already has it (see ``producers``).
     """
     done = done or set()
-    producer: dict[str, int] = {}
-    for i, outs in enumerate(op_outputs):
-        for t in outs:
-            producer[t] = i
+    if producer is None:
+        producer = producers(op_outputs)
 
     def pending(t: str) -> bool:
         p = producer.get(t)
@@ -87,3 +87,7 @@ def mlx_eval_order(
                 tape.append(p)
             j += 1
     return list(reversed(tape[1:]))
+
+
+def producers(op_outputs: Sequence[Sequence[str]]) -> dict[str, int]:
+    return {t: i for i, outs in enumerate(op_outputs) for t in outs}

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from dctms.toolkit.memory_model import ITEMSIZE
-from dctms.toolkit.order import mlx_eval_order
+from dctms.toolkit.order import mlx_eval_order, producers
 from dctms.toolkit.trace import TracedPhase
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -103,7 +103,8 @@ def build_schedule(phase: TracedPhase, views: set[int], ridge: float) -> Schedul
     layers = op_layers(phase)
     mem_bound = memory_bound_flags(phase, views, ridge)
 
-    global_order = mlx_eval_order(op_inputs, op_outputs, outputs)
+    producer = producers(op_outputs)
+    global_order = mlx_eval_order(op_inputs, op_outputs, outputs, producer=producer)
     # Cut after the last op of each decoder layer (in execution order) and at the end.
     last_pos: dict[int, int] = {}
     for pos, i in enumerate(global_order):
@@ -131,7 +132,7 @@ def build_schedule(phase: TracedPhase, views: set[int], ridge: float) -> Schedul
             for t in op_outputs[i]
             if t in phase_outputs or last_reader.get(t, -1) > cut
         ]
-        seg_order = mlx_eval_order(op_inputs, op_outputs, made, done=done)
+        seg_order = mlx_eval_order(op_inputs, op_outputs, made, done=done, producer=producer)
         if set(seg_order) != seg_ops:  # every op in a segment feeds something evaluated
             raise AssertionError("segment evaluation does not cover its ops")
         segments.append(Segment(seg_order, made, reasons[cut]))

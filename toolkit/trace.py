@@ -407,8 +407,7 @@ def _phase_from_events(
                 )
                 tensors[tid] = TracedTensor(tid, tuple(arr.shape), dtype_name(arr.dtype))
         elif kind == "primitive":
-            note(ev["inputs"])
-            note(ev["outputs"])
+            note(ev["outputs"])  # inputs are graph inputs, constants or earlier outputs
             ops.append(
                 TracedOp(
                     ev["name"],
