@@ -130,16 +130,22 @@ def build_model(config: dict, dtype: str, weight_names: set[str] | None = None) 
 
 
 def quantize_like_mlx_lm(model: nn.Module, quant: dict, weight_names: set[str] | None) -> None:
+    """Quantise as mlx-lm does: with weights present, exactly the layers whose ``.scales`` are stored
+    (its loader); without, the layers its ``convert`` would quantise (``utils.quantize_model``:
+    quantisable, last axis divisible by the group size, and the model's own ``quant_predicate``)."""
     group_size, bits = int(quant["group_size"]), int(quant["bits"])
+    model_predicate = getattr(model, "quant_predicate", None)
 
     def predicate(path: str, module: nn.Module) -> Any:
-        if path in quant:  # per-layer override, as mlx-lm's loader honours it
+        if path in quant:  # per-layer override recorded in the config
             return quant[path]
         if not hasattr(module, "to_quantized"):
             return False
         if weight_names is not None:
             return f"{path}.scales" in weight_names
-        return module.weight.shape[-1] % group_size == 0
+        if module.weight.shape[-1] % group_size != 0:
+            return False
+        return model_predicate(path, module) if model_predicate is not None else True
 
     nn.quantize(
         model,

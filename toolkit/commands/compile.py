@@ -52,14 +52,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="record the sha256 of every safetensors file (reads all weights once)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--progress", action="store_true",
+                   help="progress on stderr even when it is not a terminal")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
 
+    show = not args.quiet and (args.progress or sys.stderr.isatty())
+
     def progress(msg: str) -> None:
-        if not args.quiet:
+        if show:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
 
     source = load_source(args.model)

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from dctms.runner.load import load_checked_plan, open_model_folder
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, write_report
-    from dctms.runner.session import Session, check_request
+    from dctms.runner.session import Session, check_request, check_token_ids
     from dctms.runner.tokenize import Tokenizer, parse_token_list
 
     plan = load_checked_plan(args.plan)
@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = tokenizer.encode(args.prompt) if tokenizer else parse_token_list(args.tokens)
     max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
     check_request(plan, len(prompt), max_tokens)
+    check_token_ids(plan, prompt)
     stop = set() if args.ignore_eos or tokenizer is None else tokenizer.eos_ids
     with RssSampler() as rss:
         session = Session(plan, model, verify_hashes=args.verify_weights)
@@ -85,6 +86,10 @@ def summary(report: dict) -> str:
             f"{report['envelope']['total'] / mib:>12.2f}",
             f"{'observed RSS peak':24}{obs['rss_peak_bytes']:>16,}{obs['rss_peak_bytes'] / mib:>12.2f}",
             f"within envelope: {'yes' if report['within_envelope'] else 'NO'} "
-            f"(M_max provable / observed = {report['envelope_over_observed']:.3f})",
+            f"(M_max provable / observed = {_ratio(report['envelope_over_observed'])})",
         ]
     )
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

@@ -1,0 +1,256 @@
+"""The compiler over several mlx-lm families: exact M_KV and M_weights, refusals, determinism."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten, tree_map
+
+from dctms.schema.errors import DctmsError
+from dctms.schema.verify import verify_plan
+from dctms.toolkit.compiler import CompileOptions, compile_plan
+from dctms.toolkit.model_source import load_source
+
+BASE = {
+    "hidden_size": 128,
+    "num_hidden_layers": 3,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 320,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 2048,
+}
+
+FAMILIES = {
+    "qwen2": {"model_type": "qwen2", "tie_word_embeddings": True},
+    "llama": {"model_type": "llama", "head_dim": 32},
+    "llama3-rope": {
+        "model_type": "llama",
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
+    },
+    "mistral": {"model_type": "mistral"},
+    "qwen3": {"model_type": "qwen3", "head_dim": 48},
+    "phi3": {"model_type": "phi3"},
+    "starcoder2": {"model_type": "starcoder2", "norm_epsilon": 1e-5, "use_bias": True},
+    "olmo2": {"model_type": "olmo2"},
+}
+QUANT = {"group_size": 32, "bits": 4}
+
+
+def _config(family: str, dtype: str, quantized: bool) -> dict:
+    cfg = {**BASE, **FAMILIES[family], "torch_dtype": dtype}
+    if quantized:
+        cfg["quantization"] = dict(QUANT)
+    return cfg
+
+
+def _write(tmp_path: Path, cfg: dict) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+def _reference_weight_bytes(cfg: dict, dtype: str) -> int:
+    """What mlx-lm's convert writes: its own model instance cast to dtype, quantised by its rules."""
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(cfg)
+    model = model_class(args_class.from_dict(cfg))
+    target = getattr(mx, dtype)
+    model.update(
+        tree_map(
+            lambda v: v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v,
+            model.parameters(),
+        )
+    )
+    if "quantization" in cfg:
+        import mlx.nn as nn
+
+        q = cfg["quantization"]
+        predicate = getattr(model, "quant_predicate", None)
+
+        def convert_rule(path, module):  # mlx_lm.utils.quantize_model's predicate
+            if not hasattr(module, "to_quantized") or module.weight.shape[-1] % q["group_size"]:
+                return False
+            return predicate(path, module) if predicate else True
+
+        nn.quantize(model, q["group_size"], q["bits"], class_predicate=convert_rule)
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def _kv_bytes(cfg: dict, capacity: int, itemsize: int, batch: int = 1) -> int:
+    heads = cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * capacity * heads * head_dim * itemsize * batch
+
+
+CASES = [(f, "bfloat16", False) for f in FAMILIES] + [
+    ("qwen2", "float32", False),
+    ("llama", "float16", True),
+    ("qwen2", "bfloat16", True),
+    ("mistral", "bfloat16", True),
+]
+
+
+@pytest.mark.parametrize(
+    ("family", "dtype", "quantized"),
+    CASES,
+    ids=[f"{f}-{d}{'-q4' if q else ''}" for f, d, q in CASES],
+)
+def test_envelope_is_exact(tmp_path: Path, family: str, dtype: str, quantized: bool) -> None:
+    cfg = _config(family, dtype, quantized)
+    n, m, chunk, batch = 100, 60, 32, 1
+    plan = compile_plan(
+        load_source(_write(tmp_path, cfg)), CompileOptions(n, m, batch=batch, prefill_chunk=chunk)
+    )
+    assert verify_plan(plan) == []
+    capacity = max(n + m, math.ceil(n / chunk) * chunk)
+    assert plan.bounds.kv_capacity == capacity == n + m
+    itemsize = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
+    assert plan.envelope.kv == _kv_bytes(cfg, capacity, itemsize, batch)
+    assert plan.envelope.weights == _reference_weight_bytes(cfg, dtype)
+    assert plan.envelope.total == (
+        plan.envelope.weights
+        + plan.envelope.kv
+        + plan.envelope.persistent
+        + plan.envelope.intermediate
+        + plan.envelope.runtime
+    )
+    assert plan.envelope.intermediate == max(p.arena_bytes for p in plan.phases) > 0
+    assert {p.name for p in plan.phases} == {"prefill", "decode"}
+    assert plan.model.architecture == cfg["model_type"]
+
+
+def test_batch_scales_the_cache(tmp_path: Path) -> None:
+    cfg = _config("qwen2", "bfloat16", False)
+    src = load_source(_write(tmp_path, cfg))
+    one = compile_plan(src, CompileOptions(64, 32, batch=1, prefill_chunk=32))
+    two = compile_plan(src, CompileOptions(64, 32, batch=2, prefill_chunk=32))
+    assert two.envelope.kv == 2 * one.envelope.kv == _kv_bytes(cfg, 96, 2, batch=2)
+    assert two.envelope.weights == one.envelope.weights
+
+
+def test_padded_last_chunk_widens_the_cache(tmp_path: Path) -> None:
+    # N = 100 in chunks of 64 pads to 128 positions, more than N + M = 110.
+    plan = compile_plan(
+        load_source(_write(tmp_path, _config("qwen2", "float32", False))),
+        CompileOptions(100, 10, prefill_chunk=64),
+    )
+    assert plan.bounds.kv_capacity == 128
+    assert verify_plan(plan) == []
+
+
+def test_weights_from_safetensors_headers(tmp_path: Path) -> None:
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    cfg = _config("llama", "float16", True)
+    folder = write_tiny_model(tmp_path / "m", cfg)
+    plan = compile_plan(load_source(folder), CompileOptions(32, 16, prefill_chunk=16))
+    stored = 0
+    for f in folder.glob("model*.safetensors"):
+        raw = f.read_bytes()
+        header = int.from_bytes(raw[:8], "little")
+        stored += len(raw) - 8 - header
+    assert plan.envelope.weights == stored == _reference_weight_bytes(cfg, "float16")
+    assert plan.model.weights.count == len(json.loads(raw[8 : 8 + header])) - 1  # minus metadata
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        (
+            {"model_type": "gemma3_text", "sliding_window": 16, "sliding_window_pattern": 2},
+            "not supported yet",
+        ),
+        (
+            {
+                "model_type": "mamba",
+                "vocab_size": 64,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "state_size": 8,
+                "num_hidden_layers": 2,
+                "conv_kernel": 4,
+                "use_bias": False,
+                "use_conv_bias": True,
+                "time_step_rank": 4,
+            },
+            "not supported yet",
+        ),
+        ({"model_type": "no-such-architecture"}, "not supported yet"),
+    ],
+    ids=["sliding-window", "ssm", "unknown"],
+)
+def test_unsupported_families_exit_2(tmp_path: Path, config: dict, needle: str) -> None:
+    cfg = {**BASE, **config}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dctms.toolkit.cli",
+            "compile",
+            str(_write(tmp_path, cfg)),
+            "-N",
+            "16",
+            "-M",
+            "8",
+            "-o",
+            str(tmp_path / "x.plan"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.plan").exists()
+
+
+def test_bad_options_are_refused(tmp_path: Path) -> None:
+    src = load_source(_write(tmp_path, _config("qwen2", "float32", False)))
+    for opts, needle in [
+        (CompileOptions(0, 8), "input tokens"),
+        (CompileOptions(8, 0), "output tokens"),
+        (CompileOptions(8, 8, prefill_chunk=0), "prefill chunk"),
+        (CompileOptions(8, 8, alignment=48), "power of two"),
+    ]:
+        with pytest.raises(DctmsError, match=needle):
+            compile_plan(src, opts)
+
+
+def test_missing_and_malformed_models(tmp_path: Path) -> None:
+    with pytest.raises(DctmsError, match="no such file"):
+        load_source(tmp_path / "absent")
+    with pytest.raises(DctmsError, match="no config.json"):
+        load_source(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(DctmsError, match="not valid JSON"):
+        load_source(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(DctmsError, match="model_type"):
+        load_source(tmp_path)
+
+
+def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> None:
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    cfg = _config("qwen2", "float32", False)
+    folder = write_tiny_model(tmp_path / "m", cfg, tokenizer=False)
+    (folder / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 384}))
+    with pytest.raises(DctmsError, match="mlp"):
+        compile_plan(load_source(folder), CompileOptions(16, 8))

@@ -1,0 +1,262 @@
+"""The compiler's passes on small inputs whose right answers are worked out by hand."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from dctms.toolkit import assign
+from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES
+from dctms.toolkit.memory_model import op_memory, row_major, strided
+from dctms.toolkit.order import mlx_eval_order
+
+# ------------------------------------------------------------------------------------ eval order
+
+
+def test_diamond_runs_in_mlx_tape_order() -> None:
+    # a = f(x); b = g(a); c = h(a); d = k(b, c). MLX's tape (BFS from d) is d, b, c, a;
+    # run backwards that is a, c, b, d: the second branch first.
+    ins = [["x"], ["a"], ["a"], ["b", "c"]]
+    outs = [["a"], ["b"], ["c"], ["d"]]
+    assert mlx_eval_order(ins, outs, ["d"]) == [0, 2, 1, 3]
+
+
+def _two_chains():
+    # p0 -> p1 -> p and q0 -> q1 -> q (ops 0..2 and 3..5)
+    ins = [["x"], ["p0"], ["p1"], ["x"], ["q0"], ["q1"]]
+    outs = [["p0"], ["p1"], ["p"], ["q0"], ["q1"], ["q"]]
+    return ins, outs
+
+
+def test_breadth_first_without_width_limit() -> None:
+    ins, outs = _two_chains()
+    # tape: sync, p, q, p1, q1, p0, q0 -> run q0, p0, q1, p1, q, p
+    assert mlx_eval_order(ins, outs, ["p", "q"]) == [3, 0, 4, 1, 5, 2]
+
+
+def test_width_limit_dives_depth_first() -> None:
+    ins, outs = _two_chains()
+    # width 1: p's chain is taped completely before q is: tape sync, p, p1, p0, q, q1, q0
+    assert mlx_eval_order(ins, outs, ["p", "q"], max_width=1) == [3, 4, 5, 0, 1, 2]
+
+
+def test_done_ops_are_leaves() -> None:
+    ins, outs = _two_chains()
+    assert mlx_eval_order(ins, outs, ["p"], done={0, 1}) == [2]
+
+
+def test_multi_output_ops_count_once_per_reader() -> None:
+    # op 0 makes two outputs (siblings) read by ops 1 and 2; op 3 reads both results.
+    ins = [["x"], ["s0"], ["s1"], ["y", "z"]]
+    outs = [["s0", "s1"], ["y"], ["z"], ["w"]]
+    order = mlx_eval_order(ins, outs, ["w"])
+    assert order[0] == 0 and order[-1] == 3 and sorted(order) == [0, 1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------ assignment
+
+
+def _random_intervals(seed: int, n: int, slots: int) -> tuple[list[tuple[int, int]], list[int]]:
+    rng = random.Random(seed)
+    intervals, sizes = [], []
+    for _ in range(n):
+        s = rng.randrange(slots)
+        intervals.append((s, min(slots - 1, s + rng.randrange(12))))
+        sizes.append(rng.choice([64, 100, 256, 1000, 4096, 10_000]))
+    return intervals, sizes
+
+
+def _max_overlap(intervals: list[tuple[int, int]], slots: int) -> int:
+    return max(sum(1 for s, e in intervals if s <= t <= e) for t in range(slots))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_colouring_uses_the_minimum_number_of_buffers(seed: int) -> None:
+    intervals, sizes = _random_intervals(seed, 300, 80)
+    buffer_of, buffer_size = assign.colour(intervals, sizes)
+    assert len(buffer_size) == _max_overlap(intervals, 80)  # optimal for interval graphs
+    for i in range(len(intervals)):
+        assert sizes[i] <= buffer_size[buffer_of[i]]
+        for j in range(i):
+            if buffer_of[i] == buffer_of[j]:
+                (a0, a1), (b0, b1) = intervals[i], intervals[j]
+                assert a1 < b0 or b1 < a0, "tenants of one buffer overlap in time"
+    for b, size in enumerate(buffer_size):
+        assert size == max(sizes[i] for i in range(len(sizes)) if buffer_of[i] == b)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_packing_is_valid_and_near_the_bound(seed: int) -> None:
+    intervals, sizes = _random_intervals(seed, 400, 100)
+    aligned = [assign.align_up(s, 64) for s in sizes]
+    lower = assign.lower_bound(intervals, aligned, 100)
+    offsets, arena = assign.pack(intervals, sizes, 64, floor=lower)
+    assert all(o % 64 == 0 for o in offsets)
+    for i in range(len(intervals)):
+        assert offsets[i] + aligned[i] <= arena
+        for j in range(i):
+            (a0, a1), (b0, b1) = intervals[i], intervals[j]
+            if a0 <= b1 and b0 <= a1:
+                assert (
+                    offsets[i] + aligned[i] <= offsets[j] or offsets[j] + aligned[j] <= offsets[i]
+                ), "live tensors share bytes"
+    assert lower <= arena <= 1.25 * lower
+
+
+def test_lower_bound_by_hand() -> None:
+    # slot:   0    1    2
+    # a 64   [----------]
+    # b 128       [-]
+    # c 64             [-]
+    assert assign.lower_bound([(0, 2), (1, 1), (2, 2)], [64, 128, 64], 3) == 192
+
+
+def test_a_broken_packer_would_be_caught() -> None:
+    # The checks above can fail: two live tensors at one offset overlap.
+    intervals, sizes = [(0, 3), (2, 5)], [64, 64]
+    offsets = [0, 0]
+    (a0, a1), (b0, b1) = intervals
+    live_together = a0 <= b1 and b0 <= a1
+    disjoint_bytes = offsets[0] + sizes[0] <= offsets[1] or offsets[1] + sizes[1] <= offsets[0]
+    assert live_together and not disjoint_bytes
+
+
+# ------------------------------------------------------------------------------------ memory model
+
+
+def _one(primitive, args, layouts, shapes, dtypes=None, state=None):
+    dtypes = dtypes or ["float32"] * len(layouts)
+    return op_memory(
+        primitive,
+        args,
+        layouts,
+        dtypes,
+        shapes,
+        ["float32"] * len(shapes),
+        state or [False] * len(layouts),
+    )
+
+
+def test_reshape_of_contiguous_is_a_view() -> None:
+    mem = _one("Reshape", [[4, 6]], [row_major((2, 3, 4))], [(4, 6)])
+    assert mem.effects[0].kind == "view"
+
+
+def test_reshape_of_a_transpose_copies_and_keeps_the_source() -> None:
+    t = _one("Transpose", [[1, 0]], [row_major((8, 6))], [(6, 8)]).effects[0].layout
+    assert not t.row
+    mem = _one("Reshape", [[48]], [t], [(48,)])
+    assert mem.effects[0].kind == "alloc" and mem.effects[0].keep_source
+
+
+def test_reshape_splitting_a_transposed_axis_stays_a_view() -> None:
+    # (4, 6) transposed to (6, 4) then reshaped to (2, 3, 4): MLX's prepare_reshape needs no copy.
+    t = _one("Transpose", [[1, 0]], [row_major((4, 6))], [(6, 4)]).effects[0].layout
+    assert _one("Reshape", [[2, 3, 4]], [t], [(2, 3, 4)]).effects[0].kind == "view"
+
+
+def test_matmul_scratch_only_for_unfriendly_layouts() -> None:
+    a = row_major((1, 4, 8))
+    b_t = _one("Transpose", [[0, 2, 1]], [row_major((1, 16, 8))], [(1, 8, 16)]).effects[0].layout
+    assert _one("Matmul", [], [a, b_t], [(1, 4, 16)]).scratch == 0  # BLAS takes the transpose
+    every_other = strided((1, 8, 16), (256, 32, 2), 256)  # a strided slice: must be copied
+    mem = _one("Matmul", [], [a, every_other], [(1, 4, 16)])
+    assert mem.scratch == 8 * 16 * 4
+
+
+def test_quantized_matmul_copies_non_row_contiguous_input() -> None:
+    x = _one("Transpose", [[1, 0]], [row_major((64, 2))], [(2, 64)]).effects[0].layout
+    w, s = row_major((32, 8)), row_major((32, 2))
+    mem = op_memory(
+        "QuantizedMatmul",
+        [32, 4, 0, True],
+        [x, w, s, s],
+        ["float32", "uint32", "float32", "float32"],
+        [(2, 32)],
+        ["float32"],
+        [False] * 4,
+    )
+    assert mem.scratch == 2 * 64 * 4
+
+
+def test_cache_update_is_in_place_only_for_state() -> None:
+    cache, upd, pos = row_major((1, 2, 16, 8)), row_major((1, 2, 1, 8)), row_major((1,))
+    args = [[2]]
+    state = op_memory(
+        "DynamicSliceUpdate",
+        args,
+        [cache, upd, pos],
+        ["float32", "float32", "int32"],
+        [(1, 2, 16, 8)],
+        ["float32"],
+        [True, False, False],
+    )
+    other = op_memory(
+        "DynamicSliceUpdate",
+        args,
+        [cache, upd, pos],
+        ["float32", "float32", "int32"],
+        [(1, 2, 16, 8)],
+        ["float32"],
+        [False, False, False],
+    )
+    assert state.effects[0].kind == "inplace" and other.effects[0].kind == "alloc"
+    assert state.scratch == other.scratch == 8  # MLX's int64 dynamic offset
+
+
+def test_run_ahead_window_is_mlx_s() -> None:
+    # 10 tasks x 10 dispatches in flight, one partial task of up to 9, and the reading op's own.
+    assert RUN_AHEAD_DISPATCHES == 110
+
+
+# ------------------------------------------------------------------------ the model against MLX
+
+
+def _allocated(fn, *inputs) -> int:
+    """Bytes MLX really keeps allocated for ``fn(*inputs)`` (inputs already evaluated)."""
+    import mlx.core as mx
+
+    mx.eval(*inputs)
+    mx.synchronize()
+    before = mx.get_active_memory()
+    out = fn(*inputs)
+    mx.eval(out)
+    mx.synchronize()
+    return mx.get_active_memory() - before
+
+
+RESHAPE_CASES = [
+    # (input shape, permutation applied first, reshape target)
+    ((4, 6), None, (24,)),
+    ((4, 6), (1, 0), (24,)),
+    ((4, 6), (1, 0), (2, 3, 4)),
+    ((2, 3, 8), (0, 2, 1), (2, 24)),
+    ((2, 3, 8), (1, 0, 2), (3, 16)),
+    ((2, 3, 8), (1, 0, 2), (6, 8)),
+    ((5, 1, 7), (1, 0, 2), (35,)),
+]
+
+
+@pytest.mark.parametrize(("shape", "perm", "target"), RESHAPE_CASES)
+def test_reshape_prediction_matches_mlx(shape, perm, target) -> None:
+    import mlx.core as mx
+
+    x = mx.arange(int(math.prod(shape)), dtype=mx.float32).reshape(shape)
+    layout = row_major(shape)
+    if perm is not None:
+        layout = (
+            _one("Transpose", [list(perm)], [layout], [tuple(shape[p] for p in perm)])
+            .effects[0]
+            .layout
+        )
+    predicted = _one("Reshape", [list(target)], [layout], [target]).effects[0].kind
+
+    def fn(a):
+        return mx.reshape(mx.transpose(a, perm) if perm is not None else a, target)
+
+    real = _allocated(fn, x)
+    nbytes = 4 * int(math.prod(shape))
+    assert real in (0, nbytes)
+    assert predicted == ("view" if real == 0 else "alloc"), f"MLX allocated {real} bytes"

@@ -1,0 +1,106 @@
+"""The checked-in Qwen plans: fresh compiles match them byte for byte, in separate processes, cheaply."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dctms.schema.io import read_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = {
+    "qwen1.5b": ROOT / "plans/configs/qwen2.5-1.5b-instruct-4bit.json",
+    "qwen7b": ROOT / "plans/configs/qwen2.5-7b-instruct-4bit.json",
+}
+
+
+def _compile(config: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dctms.toolkit.cli",
+            "compile",
+            str(config),
+            "-N",
+            "2048",
+            "-M",
+            "256",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_checked_in_plan_matches_a_fresh_compile(tmp_path: Path, name: str) -> None:
+    fresh = tmp_path / f"{name}.plan"
+    proc = _compile(PLANS[name], fresh)
+    assert proc.returncode == 0, proc.stderr
+    checked_in = ROOT / "plans" / f"{name}.plan"
+    assert fresh.read_bytes() == checked_in.read_bytes(), (
+        f"plans/{name}.plan is stale: run `make plans` and commit the result"
+    )
+
+
+def test_two_processes_write_identical_bytes(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.plan", tmp_path / "b.plan"
+    assert _compile(PLANS["qwen7b"], a).returncode == 0
+    assert _compile(PLANS["qwen7b"], b).returncode == 0
+    assert a.read_bytes() == b.read_bytes()
+    text = a.read_text()
+    assert str(tmp_path) not in text and str(ROOT) not in text  # no absolute paths
+
+
+def test_7b_compile_materialises_no_weights(tmp_path: Path) -> None:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    proc = _compile(PLANS["qwen7b"], tmp_path / "x.plan")
+    assert proc.returncode == 0, proc.stderr
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # ru_maxrss of children is the largest child so far; 4-bit 7B weights alone are 4 GiB.
+    assert max(peak_kib, before) < 300 * 1024, f"compile peak RSS {peak_kib / 1024:.0f} MiB"
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_checked_in_plan_meets_the_targets(name: str) -> None:
+    plan = read_plan(ROOT / "plans" / f"{name}.plan")
+    assert plan.stats.reduction >= 0.97
+    assert plan.stats.arena_bytes <= 1.01 * plan.stats.lower_bound_bytes
+    assert plan.bounds.input_tokens == 2048 and plan.bounds.output_tokens == 256
+    assert plan.model.quantization is not None and plan.model.quantization.group_size == 64
+    assert (ROOT / "plans" / f"{name}.plan").stat().st_size < 2_100_000
+
+
+def test_memory_budget_shortfall_exits_1(tmp_path: Path) -> None:
+    out = tmp_path / "x.plan"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dctms.toolkit.cli",
+            "compile",
+            str(PLANS["qwen7b"]),
+            "-N",
+            "2048",
+            "-M",
+            "256",
+            "--memory",
+            "4GiB",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert "does not fit" in proc.stderr and "short by" in proc.stderr
+    plan = read_plan(out)
+    assert plan.envelope.device == 4 * 2**30
+    assert plan.envelope.free == 4 * 2**30 - plan.envelope.total < 0
