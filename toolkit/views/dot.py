@@ -20,7 +20,7 @@ import graphviz
 
 from dctms.schema.errors import DctmsError
 from dctms.schema.phase_index import build_index
-from dctms.schema.sizes import align_up, is_arena_tenant
+from dctms.schema.sizes import is_arena_tenant
 from dctms.schema.types import Op, Phase, Plan, Tensor
 from dctms.toolkit.sizes import human
 
@@ -80,9 +80,7 @@ def tensor_layers(phase: Phase) -> dict[str, int | None]:
 
 def _tenants(phase: Phase, layers: Layers | None) -> list[Tensor]:
     of_layer = tensor_layers(phase)
-    return [
-        t for t in phase.tensors if is_arena_tenant(t) and in_range(of_layer.get(t.id), layers)
-    ]
+    return [t for t in phase.tensors if is_arena_tenant(t) and in_range(of_layer.get(t.id), layers)]
 
 
 def _title(plan: Plan, phase: Phase, what: str, layers: Layers | None) -> str:
@@ -124,7 +122,9 @@ def lifetimes_graph(plan: Plan, phase: Phase, layers: Layers | None = None) -> g
         layout="neato",
         overlap="true",
         splines="false",
-        label=_title(plan, phase, "tensor lifetimes; x = schedule slot, row = physical buffer", layers),
+        label=_title(
+            plan, phase, "tensor lifetimes; x = schedule slot, row = physical buffer", layers
+        ),
         labelloc="t",
         fontname=_FONT,
     )
@@ -162,8 +162,11 @@ def lifetimes_graph(plan: Plan, phase: Phase, layers: Layers | None = None) -> g
 def _slot_axis(g: graphviz.Digraph, first: int, last: int, per_slot: float, y: float) -> None:
     """Tick labels under the bars; the axis unit is the schedule slot, not time."""
     span = last - first + 1
-    step = next(s for s in (1, 2, 5, 10, 20, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10**9)
-                if span / s <= 12)
+    step = next(
+        s
+        for s in (1, 2, 5, 10, 20, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10**9)
+        if span / s <= 12
+    )
     ticks = list(range(first - first % step, last + 2, step))
     for k, slot in enumerate(t for t in ticks if t >= first):
         g.node(
@@ -199,7 +202,6 @@ def buffers_graph(
     if not by_buffer:
         raise DctmsError(f"{phase.name}: no arena tenants in the selection")
     size_of = {b.id: b.bytes for b in phase.buffers}
-    align = plan.target.alignment
     used = sorted(by_buffer, key=lambda b: (b is None, b))
 
     g = graphviz.Digraph("buffers")
@@ -214,7 +216,7 @@ def buffers_graph(
         rows = sorted(by_buffer[b], key=lambda t: (t.interval[0], t.id))
         name = "buffer_none" if b is None else f"buffer_{b}"
         names.append(name)
-        g.node(name, label=_buffer_table(b, size_of.get(b, 0), rows, align))
+        g.node(name, label=_buffer_table(b, size_of.get(b, 0), rows))
     # Lay the tables out in a grid: `rank=same` rows chained by invisible edges.
     grid = [names[i : i + columns] for i in range(0, len(names), columns)]
     for r, row in enumerate(grid):
@@ -227,12 +229,12 @@ def buffers_graph(
     return g
 
 
-def _buffer_table(buffer: int | None, size: int, rows: list[Tensor], align: int) -> str:
+def _buffer_table(buffer: int | None, size: int, rows: list[Tensor]) -> str:
     head = "no buffer" if buffer is None else f"buffer {buffer}"
     cells = [
         '<<table border="0" cellborder="1" cellspacing="0" cellpadding="2">',
         f'<tr><td colspan="4" bgcolor="#dddddd"><b>{head}</b>: {size:,} B ({human(size)}), '
-        f"{len(rows)} tenants</td></tr>",
+        f"{len(rows)} tenant{'s' if len(rows) != 1 else ''}</td></tr>",
         "<tr><td><i>tensor</i></td><td><i>shape</i></td><td><i>bytes</i></td>"
         "<td><i>slots</i></td></tr>",
     ]
@@ -240,7 +242,7 @@ def _buffer_table(buffer: int | None, size: int, rows: list[Tensor], align: int)
         colour = _KIND_COLOUR.get(t.kind, "#ffffff")
         cells.append(
             f'<tr><td bgcolor="{colour}">{_html(t.id)}</td><td>{_html(shape_text(t.shape, t.dtype))}'
-            f'</td><td align="right">{align_up(t.bytes, align):,}</td>'
+            f'</td><td align="right">{t.bytes:,}</td>'
             f"<td>{t.interval[0]}-{t.interval[1]}</td></tr>"
         )
     cells.append("</table>>")
@@ -299,7 +301,9 @@ def _flat_graph(
 ) -> graphviz.Digraph:
     g = graphviz.Digraph("graph")
     g.attr(
-        label=_title(plan, phase, f"{len(selected):,} ops (weights and constants not drawn)", layers),
+        label=_title(
+            plan, phase, f"{len(selected):,} ops (weights and constants not drawn)", layers
+        ),
         labelloc="t",
         fontname=_FONT,
         rankdir="TB",
@@ -332,8 +336,12 @@ def _flat_graph(
                 name = f"in_{t}"
                 if name not in external:
                     external.add(name)
-                    g.node(name, label=f"{src.binding_name}\n({src.binding_kind})", shape="ellipse",
-                           fillcolor="#ffffff")
+                    g.node(
+                        name,
+                        label=f"{src.binding_name}\n({src.binding_kind})",
+                        shape="ellipse",
+                        fillcolor="#ffffff",
+                    )
                 tail = name
             elif src.op.index in chosen:
                 tail = f"op{src.op.index}"
@@ -430,8 +438,13 @@ def _layer_graph(
             if end not in drawn:
                 drawn.add(end)
                 dashed = end.endswith("(not shown)")
-                g.node(_node_id(end), label=end, style="dashed" if dashed else "filled",
-                       shape="box" if dashed else "ellipse", fillcolor="#ffffff")
+                g.node(
+                    _node_id(end),
+                    label=end,
+                    style="dashed" if dashed else "filled",
+                    shape="box" if dashed else "ellipse",
+                    fillcolor="#ffffff",
+                )
         g.edge(_node_id(tail), _node_id(head), label=_crossing_label(tensors, shapes))
     return g
 

@@ -1,0 +1,121 @@
+"""``dctms dot PLAN --view {lifetimes,buffers,graph} -o FILE``: Graphviz pictures of a plan.
+
+``.dot``/``.gv`` is written by Python alone; ``.svg``/``.png``/``.pdf`` are laid out by Graphviz's
+``dot`` program, which is not a Python package and may be missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from dctms.schema.errors import DctmsError
+
+SOURCE_SUFFIXES = (".dot", ".gv")
+RENDER_SUFFIXES = (".svg", ".png", ".pdf")
+INSTALL_HINT = (
+    "install Graphviz (apt-get install graphviz, or brew install graphviz on macOS) "
+    "or write a .dot file instead"
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "dot",
+        help="draw a phase as Graphviz: tensor lifetimes, buffer reuse, or the op graph",
+        description=(
+            "Draw one phase of a plan with Graphviz. lifetimes: every arena tenant as a bar on a "
+            "time axis in schedule slots, one row per physical buffer. buffers: each physical "
+            "buffer with the tensors that reuse it. graph: the op graph clustered by decoder "
+            "layer, edges labelled with shapes; selections of more than 400 ops are collapsed "
+            "to one node per layer unless --flat. The output format follows the file "
+            "extension: .dot/.gv (no Graphviz needed), .svg/.png/.pdf (needs the dot program)."
+        ),
+    )
+    p.add_argument("plan", metavar="PLAN", help="plan file")
+    p.add_argument(
+        "--view",
+        choices=["lifetimes", "buffers", "graph"],
+        default="lifetimes",
+        help="what to draw",
+    )
+    p.add_argument("--phase", default="decode", help="phase to draw (default: decode)")
+    p.add_argument(
+        "--layers", metavar="A-B", help="only decoder layers A..B (inclusive; model-level ops out)"
+    )
+    p.add_argument("--flat", action="store_true", help="graph view: one node per op, always")
+    p.add_argument(
+        "-o", "--output", metavar="FILE", required=True, help="FILE.dot, .svg, .png or .pdf"
+    )
+    p.set_defaults(func=run)
+
+
+def parse_layers(text: str | None) -> tuple[int, int] | None:
+    """``"3-5"`` -> (3, 5); ``"4"`` -> (4, 4)."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if not m:
+        raise DctmsError(f"--layers wants A-B (e.g. 0-3) or one layer number, got {text!r}")
+    first, last = int(m.group(1)), int(m.group(2) or m.group(1))
+    if first > last:
+        raise DctmsError(f"--layers {text}: the first layer is after the last")
+    return first, last
+
+
+def run(args: argparse.Namespace) -> int:
+    from dctms.schema.io import read_plan
+    from dctms.toolkit.views import dot as views
+
+    out = Path(args.output)
+    suffix = out.suffix.lower()
+    if suffix not in SOURCE_SUFFIXES + RENDER_SUFFIXES:
+        raise DctmsError(
+            f"{args.output}: unknown output type {suffix or '(none)'}; use .dot, .svg, .png or .pdf"
+        )
+    # Check for the binary before any work, so a missing Graphviz costs nothing.
+    if suffix in RENDER_SUFFIXES and shutil.which("dot") is None:
+        raise DctmsError(f"{suffix[1:]} output needs the Graphviz 'dot' program: {INSTALL_HINT}")
+    layers = parse_layers(args.layers)
+    plan = read_plan(args.plan)
+    phase = views.select_phase(plan, args.phase)
+    if layers is not None and layers[0] >= plan.model.num_layers:
+        raise DctmsError(
+            f"--layers {args.layers}: the model has layers 0-{plan.model.num_layers - 1}"
+        )
+    if args.view == "lifetimes":
+        graph = views.lifetimes_graph(plan, phase, layers)
+    elif args.view == "buffers":
+        graph = views.buffers_graph(plan, phase, layers)
+    else:
+        graph, collapsed = views.op_graph(plan, phase, layers, flat=args.flat)
+        if collapsed:
+            print(
+                f"dctms dot: {phase.name} has more than {views.FLAT_LIMIT} ops in the selection: "
+                "drawn one node per layer (--flat for every op, --layers A-B to narrow)",
+                file=sys.stderr,
+            )
+    if suffix in SOURCE_SUFFIXES:
+        data = graph.source.encode("utf-8")
+    else:
+        data = _render(graph, suffix[1:])
+    try:
+        out.write_bytes(data)
+    except OSError as err:
+        raise DctmsError(f"{args.output}: cannot write: {err.strerror or err}") from None
+    return 0
+
+
+def _render(graph, fmt: str) -> bytes:
+    import graphviz
+
+    try:
+        return graph.pipe(format=fmt, quiet=True)
+    except graphviz.ExecutableNotFound:
+        raise DctmsError(f"{fmt} output needs the Graphviz 'dot' program: {INSTALL_HINT}") from None
+    except graphviz.CalledProcessError as err:
+        detail = (err.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+        raise DctmsError(f"Graphviz failed: {detail[-1] if detail else err}") from None
