@@ -43,6 +43,18 @@ def check_request(plan: Plan, prompt_tokens: int, max_tokens: int) -> None:
         raise DctmsError(f"this runner executes batch-1 plans; the plan has batch {b.batch}")
 
 
+def check_token_ids(plan: Plan, prompt: list[int]) -> None:
+    """Every id must index the embedding: MLX's gather does not bounds-check (out of range is a
+    segmentation fault or garbage, not an error)."""
+    vocab = plan.model.vocab_size
+    for i, t in enumerate(prompt):
+        if t < 0 or (vocab and t >= vocab):
+            raise DctmsError(
+                f"prompt token {i} is {t}, outside the model's vocabulary [0, {vocab}) "
+                "(wrong tokenizer or token ids?)"
+            )
+
+
 @dataclass
 class Generation:
     tokens: list[int]
@@ -90,6 +102,7 @@ class Session:
         self, prompt: list[int], max_tokens: int, stop: set[int] | None = None
     ) -> Generation:
         check_request(self.plan, len(prompt), max_tokens)
+        check_token_ids(self.plan, prompt)
         stop = stop or set()
         start = time.perf_counter()
         token = self._prefill(prompt)
