@@ -1,0 +1,353 @@
+"""Compare two plans: envelope by component, Table 1 figures, bounds, model fingerprint, verdict.
+
+``diff_data`` builds one plain dictionary (the ``--format json`` output); ``diff_text`` and
+``diff_markdown`` only lay out its numbers, so the three formats cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dctms.schema.errors import DctmsError
+from dctms.schema.types import Plan
+from dctms.toolkit.sizes import human, parse_size
+
+MIB = 2**20
+ENVELOPE_FIELDS = ("weights", "kv", "persistent", "intermediate", "runtime", "total")
+ENVELOPE_LABELS = {"total": "total = M_max"}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """``--fail-above``: M_max may grow by at most ``percent`` % or ``bytes`` bytes."""
+
+    text: str
+    percent: float | None = None
+    bytes: int | None = None
+
+    def allowed(self, old_total: int) -> float:
+        """Largest growth in bytes this threshold accepts over ``old_total``."""
+        if self.percent is not None:
+            return old_total * self.percent / 100
+        return float(self.bytes or 0)
+
+
+def parse_threshold(text: str) -> Threshold:
+    """``"2%"`` or ``"2.5 %"`` (growth of M_max in percent) or a size such as ``"64MiB"``."""
+    stripped = text.strip()
+    if stripped.endswith("%"):
+        try:
+            percent = float(stripped[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 0 <= percent < float("inf"):
+            raise DctmsError(f"--fail-above {text!r}: want a percentage such as 2% or a size")
+        return Threshold(text, percent=percent)
+    return Threshold(text, bytes=parse_size(stripped))
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def diff_data(
+    old: Plan,
+    new: Plan,
+    old_label: str = "old",
+    new_label: str = "new",
+    thresholds: tuple[Threshold, ...] = (),
+    budget: int | None = None,
+) -> dict[str, Any]:
+    """Every number the diff shows, JSON-ready (bytes as integers)."""
+    return {
+        "old": old_label,
+        "new": new_label,
+        "envelope": _envelope_rows(old, new),
+        "stats": _stats_rows(old, new),
+        "bounds": _same_rows(_bounds(old), _bounds(new)),
+        "model": _same_rows(_model(old), _model(new)),
+        "verdict": verdict(old.envelope.total, new.envelope.total, thresholds, budget),
+    }
+
+
+def _delta_row(name: str, old: int | None, new: int | None) -> dict[str, Any]:
+    delta = None if old is None or new is None else new - old
+    return {
+        "name": name,
+        "old": old,
+        "new": new,
+        "delta": delta,
+        "delta_mib": None if delta is None else round(delta / MIB, 2),
+        "delta_percent": _percent(old, delta),
+    }
+
+
+def _percent(old: int | float | None, delta: int | float | None) -> float | None:
+    if old is None or delta is None or old == 0:
+        return None
+    return round(100 * delta / old, 4)
+
+
+def _envelope_rows(old: Plan, new: Plan) -> list[dict[str, Any]]:
+    a, b = old.envelope, new.envelope
+    rows = [_delta_row(f, getattr(a, f), getattr(b, f)) for f in ENVELOPE_FIELDS]
+    for f in ("device", "free"):  # budgets given at compile time, when either plan has one
+        if getattr(a, f) is not None or getattr(b, f) is not None:
+            rows.append(_delta_row(f, getattr(a, f), getattr(b, f)))
+    return rows
+
+
+def _stats_rows(old: Plan, new: Plan) -> list[dict[str, Any]]:
+    rows = []
+    for f in ("logical_tensors", "physical_buffers"):
+        rows.append(_count_row(f, getattr(old.stats, f), getattr(new.stats, f)))
+    ra, rb = old.stats.reduction, new.stats.reduction
+    rows.append(
+        {
+            "name": "reduction",
+            "old": ra,
+            "new": rb,
+            "delta": round(rb - ra, 6),  # a fraction; shown as percentage points
+            "delta_percent": None,
+        }
+    )
+    rows.append(_delta_row("arena_bytes", old.stats.arena_bytes, new.stats.arena_bytes))
+    rows.append(
+        _delta_row("lower_bound_bytes", old.stats.lower_bound_bytes, new.stats.lower_bound_bytes)
+    )
+    arenas_a = {p.name: p.arena_bytes for p in old.phases}
+    arenas_b = {p.name: p.arena_bytes for p in new.phases}
+    for name in list(arenas_a) + [n for n in arenas_b if n not in arenas_a]:
+        rows.append(_delta_row(f"arena {name}", arenas_a.get(name), arenas_b.get(name)))
+    return rows
+
+
+def _count_row(name: str, old: int, new: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "old": old,
+        "new": new,
+        "delta": new - old,
+        "delta_percent": _percent(old, new - old),
+    }
+
+
+def _kv_text(plan: Plan) -> str:
+    kv = plan.bounds.kv
+    return kv.dtype if kv.bits is None else f"{kv.dtype}, {kv.bits}-bit, group {kv.group_size}"
+
+
+def _bounds(plan: Plan) -> dict[str, Any]:
+    b, t, g = plan.bounds, plan.target, plan.generator
+    return {
+        "input_tokens": b.input_tokens,
+        "output_tokens": b.output_tokens,
+        "batch": b.batch,
+        "prefill_chunk": b.prefill_chunk,
+        "dtype": b.dtype,
+        "kv": _kv_text(plan),
+        "kv_capacity": b.kv_capacity,
+        "backend": t.backend,
+        "alignment": t.alignment,
+        "profile": t.profile.name,
+        "run_ahead_dispatches": t.run_ahead_dispatches,
+        "generator": f"dctms {g.dctms}, mlx {g.mlx}, mlx-lm {g.mlx_lm}",
+    }
+
+
+def _model(plan: Plan) -> dict[str, Any]:
+    m, w = plan.model, plan.model.weights
+    q = m.quantization
+    files = w.files_sha256
+    return {
+        "architecture": m.architecture,
+        "config_sha256": m.config_sha256,
+        "num_layers": m.num_layers,
+        "vocab_size": m.vocab_size,
+        "weights_count": w.count,
+        "weights_total_bytes": w.total_bytes,
+        "weights_layout_sha256": w.layout_sha256,
+        "weights_files_sha256": None if files is None else dict(sorted(files.items())),
+        "quantization": None if q is None else f"{q.bits}-bit, group {q.group_size}, {q.mode}",
+    }
+
+
+def _same_rows(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": k, "old": a[k], "new": b[k], "changed": a[k] != b[k]} for k in a]
+
+
+def verdict(
+    old_total: int, new_total: int, thresholds: tuple[Threshold, ...], budget: int | None
+) -> dict[str, Any]:
+    """Which limits the new M_max crosses: growth above a threshold, or above the budget."""
+    growth = new_total - old_total
+    failures, passes = [], []
+    for th in thresholds:
+        allowed = th.allowed(old_total)
+        line = f"M_max grew by {_signed_bytes(growth)} ({_signed_pct(_percent(old_total, growth))})"
+        if growth > allowed:
+            failures.append(f"{line}, above --fail-above {th.text}")
+        else:
+            passes.append(f"growth within --fail-above {th.text}")
+    if budget is not None:
+        if new_total > budget:
+            failures.append(
+                f"M_max {human(new_total)} exceeds the {human(budget)} budget by "
+                f"{human(new_total - budget)} ({new_total - budget:,} bytes)"
+            )
+        else:
+            passes.append(f"fits the {human(budget)} budget with {human(budget - new_total)} free")
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "passes": passes,
+        "thresholds": [th.text for th in thresholds],
+        "budget": budget,
+        "m_max_old": old_total,
+        "m_max_new": new_total,
+        "m_max_delta": growth,
+    }
+
+
+# ------------------------------------------------------------------------------------- formatting
+
+
+def _signed_bytes(n: int) -> str:
+    return f"{'+' if n > 0 else '-' if n < 0 else ''}{human(abs(n))}"
+
+
+def _signed_pct(p: float | None) -> str:
+    if p is None:
+        return "n/a"
+    return f"{p:+.2f} %" if p else "0.00 %"
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return str(v)
+
+
+def _signed(v: int | float | None, digits: int = 0) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+,.{digits}f}" if v else "0"
+
+
+def _stat_cells(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    if row["name"] == "reduction":
+        return (
+            f"{row['old']:.2%}",
+            f"{row['new']:.2%}",
+            f"{100 * row['delta']:+.2f} pp" if row["delta"] else "0",
+            "",
+        )
+    return (
+        _num(row["old"]),
+        _num(row["new"]),
+        _signed(row["delta"]),
+        _signed_pct(row["delta_percent"]),
+    )
+
+
+def _short(v: Any) -> str:
+    """Hashes shortened to 12 hex digits; a files map as its count (JSON keeps them whole)."""
+    if isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v):
+        return v[:12]
+    if isinstance(v, dict):
+        return f"{len(v)} file{'s' if len(v) != 1 else ''} hashed"
+    if v is None:
+        return "none"
+    return _num(v)
+
+
+def _headline(data: dict[str, Any]) -> str:
+    v = data["verdict"]
+    return (
+        f"M_max {_num(v['m_max_old'])} -> {_num(v['m_max_new'])} bytes "
+        f"({_signed_bytes(v['m_max_delta'])}, "
+        f"{_signed_pct(_percent(v['m_max_old'], v['m_max_delta']))})"
+    )
+
+
+def _verdict_line(data: dict[str, Any]) -> str:
+    v = data["verdict"]
+    if not v["ok"]:
+        return "FAIL: " + "; ".join(v["failures"])
+    if not v["passes"]:
+        return "PASS: no threshold or budget given"
+    return "PASS: " + "; ".join(v["passes"])
+
+
+def diff_text(data: dict[str, Any]) -> str:
+    """Plain-text report for a terminal (ends with a newline)."""
+    out = [f"dctms diff: {data['old']} -> {data['new']}", _headline(data), ""]
+    out.append(
+        f"{'memory envelope':<22} {'old bytes':>16} {'new bytes':>16} {'delta bytes':>16} "
+        f"{'delta MiB':>12} {'delta %':>10}"
+    )
+    for r in data["envelope"]:
+        out.append(
+            f"  {ENVELOPE_LABELS.get(r['name'], r['name']):<20} {_num(r['old']):>16} "
+            f"{_num(r['new']):>16} {_signed(r['delta']):>16} {_signed(r['delta_mib'], 2):>12} "
+            f"{_signed_pct(r['delta_percent']):>10}"
+        )
+    out += ["", f"{'Table 1 and arena':<22} {'old':>16} {'new':>16} {'delta':>16} {'delta %':>12}"]
+    for r in data["stats"]:
+        cells = _stat_cells(r)
+        out.append(f"  {r['name']:<20} {cells[0]:>16} {cells[1]:>16} {cells[2]:>16} {cells[3]:>12}")
+    for title, key in (("bounds and target", "bounds"), ("model fingerprint", "model")):
+        width = max(len(_short(r["old"])) for r in data[key]) + 2
+        out += ["", f"{title:<24} {'old':<{width}} new"]
+        for r in data[key]:
+            mark = "  *" if r["changed"] else ""
+            out.append(f"  {r['name']:<22} {_short(r['old']):<{width}} {_short(r['new'])}{mark}")
+    out += ["", "(* = changed)", _verdict_line(data)]
+    return "\n".join(out) + "\n"
+
+
+def diff_markdown(data: dict[str, Any]) -> str:
+    """A PR comment: header, envelope table, Table 1, bounds/model changes, verdict line."""
+    v = data["verdict"]
+    icon = "✅" if v["ok"] else "❌"
+    out = [
+        f"### dctms plan diff: `{data['old']}` → `{data['new']}`",
+        "",
+        f"**{_headline(data)}**",
+        "",
+        "| memory envelope | old (bytes) | new (bytes) | Δ bytes | Δ MiB | Δ % |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["envelope"]:
+        name = ENVELOPE_LABELS.get(r["name"], r["name"])
+        if r["name"] == "total":
+            name = f"**{name}**"
+        out.append(
+            f"| {name} | {_num(r['old'])} | {_num(r['new'])} | {_signed(r['delta'])} | "
+            f"{_signed(r['delta_mib'], 2)} | {_signed_pct(r['delta_percent'])} |"
+        )
+    out += ["", "| Table 1 and arena | old | new | Δ | Δ % |", "|---|---:|---:|---:|---:|"]
+    for r in data["stats"]:
+        cells = _stat_cells(r)
+        out.append(f"| {r['name']} | {' | '.join(cells)} |")
+    for title, key in (("bounds and target", "bounds"), ("model fingerprint", "model")):
+        changed = [r for r in data[key] if r["changed"]]
+        same = [r["name"] for r in data[key] if not r["changed"]]
+        out.append("")
+        if changed:
+            out += [f"| {title} | old | new |", "|---|---|---|"]
+            out += [
+                f"| {r['name']} | `{_short(r['old'])}` | `{_short(r['new'])}` |" for r in changed
+            ]
+            if same:
+                out += ["", f"Unchanged {title}: {', '.join(same)}."]
+        else:
+            out.append(f"No change in {title} ({', '.join(same)}).")
+    out += ["", f"{icon} **{_verdict_line(data)}**"]
+    return "\n".join(out) + "\n"
