@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+from dctms.schema.errors import DctmsError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -52,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
 
     # Parse the limits first: a typo should not cost reading two 2 MB plans.
     thresholds = tuple(parse_threshold(t) for t in args.fail_above)
-    budget = parse_size(args.budget) if args.budget is not None else None
+    try:
+        budget = parse_size(args.budget) if args.budget is not None else None
+    except DctmsError as err:
+        raise DctmsError(f"--budget: {err}") from None
     old, new = read_plan(args.old), read_plan(args.new)
     data = diff_data(old, new, args.old, args.new, thresholds, budget)
     if args.format == "json":

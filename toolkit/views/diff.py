@@ -35,16 +35,22 @@ class Threshold:
 
 def parse_threshold(text: str) -> Threshold:
     """``"2%"`` or ``"2.5 %"`` (growth of M_max in percent) or a size such as ``"64MiB"``."""
+    bad = DctmsError(
+        f"--fail-above {text!r}: want a growth of M_max as a percentage (2%) or a size (64MiB)"
+    )
     stripped = text.strip()
     if stripped.endswith("%"):
         try:
             percent = float(stripped[:-1])
         except ValueError:
-            percent = -1.0
+            raise bad from None
         if not 0 <= percent < float("inf"):
-            raise DctmsError(f"--fail-above {text!r}: want a percentage such as 2% or a size")
+            raise bad
         return Threshold(text, percent=percent)
-    return Threshold(text, bytes=parse_size(stripped))
+    try:
+        return Threshold(text, bytes=parse_size(stripped))
+    except DctmsError:
+        raise bad from None
 
 
 # ------------------------------------------------------------------------------------------ data
