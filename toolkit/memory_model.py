@@ -18,6 +18,7 @@ mlx/backend/cpu at the pinned version) and, where it cannot be sure, errs toward
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -133,6 +134,7 @@ class Layout:
     contiguous: bool
 
 
+@functools.lru_cache(maxsize=4096)
 def row_major(shape: tuple[int, ...]) -> Layout:
     strides, acc = [], 1
     for n in reversed(shape):

@@ -125,10 +125,11 @@ def build_schedule(phase: TracedPhase, views: set[int], ridge: float) -> Schedul
     done: set[int] = set()
     start = 0
     for cut in cuts:
-        seg_ops = set(global_order[start : cut + 1])
+        seg_list = global_order[start : cut + 1]
+        seg_ops = set(seg_list)
         made = [
             t
-            for i in sorted(seg_ops, key=position.__getitem__)
+            for i in seg_list
             for t in op_outputs[i]
             if t in phase_outputs or last_reader.get(t, -1) > cut
         ]
