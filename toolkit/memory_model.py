@@ -22,22 +22,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-ITEMSIZE = {
-    "bool": 1,
-    "uint8": 1,
-    "int8": 1,
-    "uint16": 2,
-    "int16": 2,
-    "float16": 2,
-    "bfloat16": 2,
-    "uint32": 4,
-    "int32": 4,
-    "float32": 4,
-    "uint64": 8,
-    "int64": 8,
-    "float64": 8,
-    "complex64": 8,
-}
+from dctms.schema.sizes import ITEMSIZE, nbytes  # noqa: F401  (re-exported for the passes)
 
 VIEW_ALWAYS = frozenset(
     {
@@ -191,10 +176,6 @@ class OpMemory:
     effects: tuple[Effect, ...]
     scratch: int  # bytes of temporaries live while the op runs
     dispatches: int  # CPU encoder dispatches the op makes (1 holder + kernels), a lower bound
-
-
-def nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    return math.prod(shape) * ITEMSIZE[dtype]
 
 
 def op_memory(

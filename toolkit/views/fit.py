@@ -1,0 +1,158 @@
+"""``dctms fit``'s search and report: the largest N (or M) whose M_max fits a memory budget.
+
+The search is over an opaque ``measure(value) -> M_max`` (one compile each), so it is pure and can be
+tested without compiling. It assumes M_max does not shrink as N or M grows, which holds for the
+compiler's plans (KV capacity and prefill shapes only grow), and it always ends with a certificate:
+the answer was compiled and fits, and answer + 1 was compiled and does not (unless capped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dctms.schema.types import Plan
+from dctms.toolkit.sizes import human
+
+DEFAULT_CAP = 2**20  # when the config names no max_position_embeddings
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Probe:
+    value: int
+    total: int  # M_max in bytes
+    fits: bool
+
+
+@dataclass
+class FitResult:
+    budget: int
+    cap: int
+    best: int | None = None  # largest value that fits; None when even 1 does not
+    probes: list[Probe] = field(default_factory=list)  # in the order they were compiled
+
+    @property
+    def capped(self) -> bool:
+        """The search stopped at the cap, not at the budget."""
+        return self.best == self.cap
+
+    def probe(self, value: int) -> Probe | None:
+        return next((p for p in self.probes if p.value == value), None)
+
+
+def largest_fitting(measure: Callable[[int], int], budget: int, cap: int) -> FitResult:
+    """Doubling from 1 until M_max exceeds ``budget`` (or ``cap`` is reached), then bisection:
+    about 2 log2(answer) calls of ``measure``, never more than one per value."""
+    result = FitResult(budget=budget, cap=cap)
+
+    def fits(value: int) -> bool:
+        total = measure(value)
+        result.probes.append(Probe(value, total, total <= budget))
+        return total <= budget
+
+    if cap < 1 or not fits(1):
+        return result
+    lo = 1  # fits
+    while True:
+        nxt = min(2 * lo, cap)
+        if nxt == lo:  # lo is the cap and fits
+            result.best = lo
+            return result
+        if not fits(nxt):
+            hi = nxt
+            break
+        lo = nxt
+    while hi - lo > 1:  # invariant: lo fits, hi does not
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    result.best = lo
+    return result
+
+
+def max_positions(config: dict) -> int | None:
+    """``max_position_embeddings`` of a config (or of its ``text_config``), when it has one."""
+    for where in (config, config.get("text_config") or {}):
+        value = where.get("max_position_embeddings") if isinstance(where, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def fit_summary(result: FitResult, plan: Plan, searched: str, elapsed: float) -> dict[str, Any]:
+    """The figures at the fit, JSON-ready. ``searched``: "input_tokens" or "output_tokens"."""
+    e = plan.envelope
+    over = None if result.best is None else result.probe(result.best + 1)
+    return {
+        "searched": searched,
+        "value": result.best,
+        "input_tokens": plan.bounds.input_tokens,
+        "output_tokens": plan.bounds.output_tokens,
+        "batch": plan.bounds.batch,
+        "prefill_chunk": plan.bounds.prefill_chunk,
+        "budget": result.budget,
+        "envelope": {
+            "weights": e.weights,
+            "kv": e.kv,
+            "persistent": e.persistent,
+            "intermediate": e.intermediate,
+            "runtime": e.runtime,
+            "total": e.total,
+            "free": result.budget - e.total,
+        },
+        "capped": result.capped,
+        "cap": result.cap,
+        "next_value_total": None if over is None else over.total,
+        "compiles": len(result.probes),
+        "seconds": round(elapsed, 2),
+        "probes": [{"value": p.value, "m_max": p.total, "fits": p.fits} for p in result.probes],
+    }
+
+
+def fit_text(summary: dict[str, Any], model: str, cap_reason: str) -> str:
+    """What ``dctms fit`` prints (ends with a newline)."""
+    letter = "N" if summary["searched"] == "input_tokens" else "M"
+    other = "M" if letter == "N" else "N"
+    fixed = summary["output_tokens"] if letter == "N" else summary["input_tokens"]
+    value, budget = summary["value"], summary["budget"]
+    lines = [
+        f"{model}: largest {letter} = {value:,} for {other} = {fixed:,} within {human(budget)}"
+        f" ({budget:,} bytes)"
+    ]
+    if summary["capped"]:
+        lines.append(f"  stopped at {cap_reason}; the budget would allow more")
+    elif summary["next_value_total"] is not None:
+        over = summary["next_value_total"] - budget
+        lines.append(
+            f"  {letter} = {value + 1:,} needs M_max {summary['next_value_total']:,} bytes, "
+            f"{human(over)} ({over:,} bytes) over"
+        )
+    env = summary["envelope"]
+    rows = [
+        ("weights", env["weights"]),
+        ("kv", env["kv"]),
+        ("persistent", env["persistent"]),
+        ("intermediate", env["intermediate"]),
+        ("runtime", env["runtime"]),
+        ("total = M_max", env["total"]),
+        ("budget", budget),
+        ("free = M_free", env["free"]),
+    ]
+    lines += [
+        "",
+        f"at N = {summary['input_tokens']:,}, M = {summary['output_tokens']:,}, "
+        f"batch {summary['batch']}, prefill chunk {summary['prefill_chunk']}",
+        f"{'memory envelope':<20} {'bytes':>18} {'MiB':>12}",
+    ]
+    lines += [f"  {name:<18} {v:>18,} {v / MIB:>12.2f}" for name, v in rows]
+    lines += [
+        "",
+        f"{summary['compiles']} compiles in {summary['seconds']:.1f} s "
+        "(doubling, then bisection; assumes M_max never shrinks as "
+        f"{letter} grows)",
+    ]
+    return "\n".join(lines) + "\n"
