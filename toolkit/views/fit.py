@@ -148,7 +148,7 @@ def fit_text(summary: dict[str, Any], model: str, cap_reason: str) -> str:
         f"batch {summary['batch']}, prefill chunk {summary['prefill_chunk']}",
         f"{'memory envelope':<20} {'bytes':>18} {'MiB':>12}",
     ]
-    lines += [f"  {name:<18} {v:>18,} {v / MIB:>12.2f}" for name, v in rows]
+    lines += [f"  {name:<18} {v:>18,} {v / MIB:>12,.2f}" for name, v in rows]
     lines += [
         "",
         f"{summary['compiles']} compiles in {summary['seconds']:.1f} s "
