@@ -1,0 +1,163 @@
+"""Static state: the KV cache is allocated once at plan capacity and updated in place.
+
+After ``Session`` init the state arrays exist with exactly the plan's shapes and dtypes, and MLX's
+active memory is the weights + cache + constants. During ``generate`` no state array is
+re-allocated: every cache keeps its buffer address across prefill chunks, decode steps and whole
+generations (MLX donates the input buffer to ``slice_update``), and active memory after each decode
+step does not grow. Each phase's observed peak above the static part stays within its arena.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from dctms.runner.load import load_checked_plan, open_model_folder
+from dctms.runner.primitives import dtype_from_name
+from dctms.runner.session import Session
+
+N, M, CHUNK = 48, 32, 16
+SLACK = 4096  # bytes: the per-step token/position scalars and the returned token, with margin
+
+CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 96,
+    "num_hidden_layers": 3,
+    "intermediate_size": 192,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "vocab_size": 257,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "eos_token_id": 256,
+}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> tuple[Path, Path]:
+    from dctms.schema.io import write_plan
+    from dctms.toolkit.compiler import CompileOptions, compile_plan
+    from dctms.toolkit.model_source import load_source
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    folder = tmp_path_factory.mktemp("state-model")
+    write_tiny_model(folder, CONFIG, seed=3)
+    plan = compile_plan(load_source(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
+    write_plan(plan, folder / "model.plan")
+    return folder / "model.plan", folder
+
+
+@pytest.fixture
+def session(model):
+    """A Session in this process; MLX's memory and cache limits are restored afterwards."""
+    memory = mx.get_memory_limit()
+    cache = mx.set_cache_limit(0)
+    mx.set_cache_limit(cache)
+    plan_path, folder = model
+    mx.synchronize()
+    mx.clear_cache()
+    yield Session(load_checked_plan(plan_path), open_model_folder(folder))
+    mx.set_memory_limit(memory)
+    mx.set_cache_limit(cache)
+    mx.clear_cache()
+
+
+def address(a: mx.array) -> int:
+    """Address of an evaluated array's data (CPU buffer protocol); the view is released at once
+    so it cannot stop MLX from donating the buffer."""
+    view = memoryview(a)
+    try:
+        return np.frombuffer(view, dtype=np.uint8).ctypes.data
+    finally:
+        view.release()
+
+
+def prompt(n: int) -> list[int]:
+    return [(i * 13 + n) % 256 for i in range(n)]
+
+
+def test_state_is_allocated_at_plan_capacity(session):
+    plan = session.plan
+    kv = [s for s in plan.state if s.kind == "kv"]
+    assert len(kv) == 2 * plan.model.num_layers
+    assert set(session.state) == {s.name for s in kv}
+    for s in kv:
+        arr = session.state[s.name]
+        assert list(arr.shape) == s.shape
+        assert arr.shape[2] == plan.bounds.kv_capacity == N + M
+        assert arr.dtype == dtype_from_name(s.dtype)
+        assert arr.nbytes == s.bytes
+    assert sum(a.nbytes for a in session.state.values()) == plan.envelope.kv
+
+
+def test_active_memory_after_init_is_the_static_envelope(session):
+    env = session.plan.envelope
+    active = mx.get_active_memory()
+    # weights + KV + constants (the per-call input arrays of "persistent" do not exist yet)
+    assert env.weights + env.kv <= active <= env.weights + env.kv + env.persistent
+    assert mx.get_peak_memory() <= env.provable
+
+
+def test_generate_allocates_no_new_state(session):
+    before = {name: address(a) for name, a in session.state.items()}
+    active: list[int] = []
+    decode = session.decode.run
+
+    def watched(*args, **kwargs):
+        out = decode(*args, **kwargs)
+        active.append(mx.get_active_memory())
+        return out
+
+    session.decode.run = watched
+    after_init = mx.get_active_memory()
+    lengths = [5, CHUNK, 40, N]  # short, one chunk, several chunks (padded), exactly N
+    for n in lengths:
+        gen = session.generate(prompt(n), M)
+        assert len(gen.tokens) == M
+        # the same buffers, updated in place, after prefill + M - 1 decode steps
+        assert {name: address(a) for name, a in session.state.items()} == before, n
+    assert len(active) == len(lengths) * (M - 1)
+    assert max(active) - min(active) <= SLACK, (min(active), max(active))
+    assert active[-1] <= active[0] + SLACK
+    assert max(active) <= after_init + SLACK
+    assert set(session.state) == {s.name for s in session.plan.state if s.kind == "kv"}
+
+
+def test_each_phase_peak_stays_within_its_arena(session):
+    """Observed peak above the static part (weights, KV, constants), per phase, vs its arena."""
+    phases = {p.name: p for p in session.plan.phases}
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    token = session._prefill(prompt(40))  # three chunks, the last padded
+    prefill_peak = mx.get_peak_memory() - base
+    mx.reset_peak_memory()
+    for step in range(M - 1):
+        out = session.decode.run(
+            {
+                "tokens": mx.array([[token]], dtype=mx.int32),
+                "position": mx.array(40 + step, dtype=mx.int32),
+            },
+            session.weights,
+            session.state,
+        )
+        token = int(out["next_token"].item())
+    decode_peak = mx.get_peak_memory() - base
+    assert 0 < prefill_peak <= phases["prefill"].arena_bytes
+    assert 0 < decode_peak <= phases["decode"].arena_bytes
+
+
+def test_the_address_check_sees_a_copy(session):
+    """Not vacuous: while something else holds a cache array MLX cannot donate it, the update
+    is written to a new buffer, and the address changes."""
+    name = next(iter(session.state))
+    held = session.state[name]
+    old = address(held)
+    session.generate(prompt(5), 2)
+    assert address(session.state[name]) != old
+    assert address(held) == old
+    del held
