@@ -53,8 +53,9 @@ def align_up(value: int, alignment: int) -> int:
 def is_arena_tenant(tensor: Tensor) -> bool:
     """Whether ``tensor`` owns bytes in the phase's arena.
 
-    Views alias their root's bytes and tensors of kind "state" alias persistent state (KV cache), so
-    neither is a tenant; every other primitive output (kind "intermediate" or "output") is.
+    Views alias their root's bytes and tensors of kind "state" alias persistent state (KV cache;
+    they are views of the state input binding they update), so neither is a tenant; every other
+    primitive output (kind "intermediate" or "output") is, and so is every scratch tensor.
     """
     return tensor.view_of is None and tensor.kind != "state"
 

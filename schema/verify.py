@@ -6,10 +6,18 @@ cannot hide behind the planner's own assumptions. Each check is a rule with a st
 
 - schedule time is in slots; ``Tensor.interval = [s, e]`` is inclusive, so two tensors are live
   together when ``s_a <= e_b and s_b <= e_a``; bytes ``[offset, offset + bytes)`` are half-open;
-- arena tenants are tensors that are neither views nor of kind "state" (``sizes.is_arena_tenant``);
+- a tensor lives at least until its last read (readers, and the ends of its views) and no longer
+  than the first sync point at or after it (the compiler widens lifetimes for MLX's run-ahead; a
+  sync point drains everything);
+- arena tenants are tensors that are neither views nor of kind "state" (``sizes.is_arena_tenant``),
+  scratch tensors included;
 - ``view_of`` always names the root that owns the bytes (a non-view tensor, an input binding or a
   constant), never another view; a view has no buffer and no offset, and extends its root's interval;
-- a phase output (kind "output") lives until the phase's last slot.
+  a tensor of kind "state" owns no arena bytes (by convention it is a view of the state input
+  binding it updates);
+- a scratch tensor ``scratch.N`` is op N's temporary: uint8 of shape ``[ops[N].scratch]``;
+- a phase output (kind "output") lives until the phase's last slot and is evaluated at a sync point;
+  what a sync point evaluates was made since the previous one.
 
 At most ``MAX_PER_RULE`` problems are listed per rule, so a badly broken plan (every pair of tensors
 overlapping) still gives a short report quickly.

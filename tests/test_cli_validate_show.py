@@ -104,13 +104,14 @@ def test_bad_input_messages(tmp_path, tiny_plan_bytes: bytes, capsys) -> None:
 def test_validate_ok(plan_file: Path, capsys) -> None:
     assert cli.main(["validate", str(plan_file)]) == 0
     captured = capsys.readouterr()
-    assert captured.out == f"{plan_file}: ok (6 ops, 6 tensors)\n" and captured.err == ""
+    assert captured.out == f"{plan_file}: ok (6 ops, 7 tensors)\n" and captured.err == ""
 
 
 def test_validate_checks_every_plan_and_every_problem(
     tmp_path, plan_file: Path, tiny_plan_bytes, capsys
 ) -> None:
-    broken = tmp_path / "broken.plan"  # semantic problems: overlap and a wrong stat
+    # semantic problems: t0 moved onto the bytes of scratch.3 (slot 1) and t2 (slot 2), a wrong stat
+    broken = tmp_path / "broken.plan"
     broken.write_bytes(
         edited(
             tiny_plan_bytes,
@@ -120,8 +121,10 @@ def test_validate_checks_every_plan_and_every_problem(
     missing = tmp_path / "missing.plan"
     assert cli.main(["validate", str(broken), str(plan_file), str(missing)]) == 2
     captured = capsys.readouterr()
-    assert captured.out == f"{plan_file}: ok (6 ops, 6 tensors)\n"
+    assert captured.out == f"{plan_file}: ok (6 ops, 7 tensors)\n"
     assert captured.err.splitlines() == [
+        f"{broken}: $.phases[0].tensors[4]: bytes [64, 72) overlap tensor 't0' [64, 80) "
+        "while both are live (slots 1..1)",
         f"{broken}: $.phases[0].tensors[2]: bytes [64, 80) overlap tensor 't0' [64, 80) "
         "while both are live (slots 2..2)",
         f"{broken}: $.stats.arena_bytes: 64, but the largest phase arena is 128",
@@ -156,9 +159,9 @@ def test_show_text(plan_file: Path, tiny_plan: Plan, capsys) -> None:
         "total = M_max                   1,664         0.00",
         "device                      1,048,576         1.00",
         "runtime                         1,024         0.00  (test allowance)",
-        "logical tensors                     4      448",
+        "logical tensors                     5      448",
         "physical buffers                    2      122",
-        "reduction                      50.00%   72.77%",
+        "reduction                      60.00%   72.77%",
         "decode                                  128              128   1.000",
     ]:
         assert expected in out, expected
@@ -181,7 +184,7 @@ def test_show_json(plan_file: Path, tiny_plan: Plan, capsys) -> None:
         "stats": msgspec.to_builtins(tiny_plan.stats),
         "bounds": msgspec.to_builtins(tiny_plan.bounds),
     }
-    assert summary["envelope"]["total"] == 1664 and summary["stats"]["reduction"] == 0.5
+    assert summary["envelope"]["total"] == 1664 and summary["stats"]["reduction"] == 0.6
 
 
 def test_show_refuses_invalid_plan_in_one_line(tmp_path, tiny_plan_bytes, capsys) -> None:

@@ -61,7 +61,11 @@ def test_small_change_small_diff(tiny_plan: Plan) -> None:
 
 def test_defaults_omitted_and_plain_dict_keys_sorted(tiny_plan: Plan) -> None:
     text = encode_plan(tiny_plan).decode()
-    assert '"view_of"' in text and '"view_of":null' not in text and '"scratch"' not in text
+    assert '"view_of"' in text and '"view_of":null' not in text
+    # Op.scratch is written only where it is not 0 (op 3); Target.run_ahead_dispatches is 0 here.
+    assert text.count('"scratch":') == 1 and '"layer":0,"scratch":8}' in text
+    assert '"run_ahead_dispatches"' not in text and '"evaluate":[]' not in text
+    assert '"provable"' not in text  # a property computed from the envelope, not a field
     files = {"z.safetensors": "a" * 64, "a.safetensors": "b" * 64}
     weights = replace(tiny_plan.model.weights, files_sha256=files)
     plan = replace(tiny_plan, model=replace(tiny_plan.model, weights=weights))
@@ -204,10 +208,10 @@ def test_integral_float_for_an_integer_is_refused(tiny_plan_bytes: bytes) -> Non
 
 def test_semantic_problems_come_from_the_verifier(tiny_plan_bytes: bytes) -> None:
     data = tiny_plan_bytes.replace(b'"offset":64,"kind":"output"', b'"offset":0,"kind":"output"')
-    # out moved onto t3's bytes while both are live in slot 4.
+    # out (tensors[6]) moved onto t3's bytes while both are live in slot 4.
     assert _problems(data) == [
         (
-            "$.phases[0].tensors[5]",
+            "$.phases[0].tensors[6]",
             "bytes [0, 4) overlap tensor 't3' [0, 16) while both are live (slots 4..4)",
             "arena_overlap",
         )

@@ -46,10 +46,12 @@ def weights(plan: Plan, **changes) -> Plan:
 
 
 def _output_ends_early(plan: Plan) -> Plan:
-    """t2 becomes a phase output, but keeps its interval [2, 3] (the phase ends in slot 4)."""
+    """t2 becomes a phase output (evaluated at the sync point), but keeps its interval [2, 3] (the
+    phase ends in slot 4)."""
     plan = tensor(plan, "t2", kind="output")
     extra = Binding("t2", "output", "hidden", [1, 8], "float16")
-    return phase(plan, outputs=P0(plan).outputs + [extra])
+    sync = SyncPoint(4, "sample next token", evaluate=["k_out", "t2", "out"])
+    return phase(plan, outputs=P0(plan).outputs + [extra], sync_points=[sync])
 
 
 def _two_segments(plan: Plan) -> Plan:
@@ -205,6 +207,22 @@ CASES: list[tuple[str, str, Break]] = [
     ),
     (
         "sync_points",
+        "evaluates an input binding (no op makes it)",
+        lambda p: phase(p, sync_points=[SyncPoint(4, "x", evaluate=["k_out", "tok", "out"])]),
+    ),
+    (
+        "sync_points",
+        "evaluates a tensor made before the previous sync point",
+        lambda p: phase(
+            _two_segments(p),
+            sync_points=[
+                SyncPoint(2, "a", evaluate=["k_out", "t2"]),
+                SyncPoint(4, "b", evaluate=["t0", "out"]),
+            ],
+        ),
+    ),
+    (
+        "sync_points",
         "evaluates a tensor made after the sync point",
         lambda p: phase(
             _two_segments(p),
@@ -337,13 +355,13 @@ CASES: list[tuple[str, str, Break]] = [
     ),
     (
         "stats",
-        "logical tensors wrong",
-        lambda p: nested(p, "stats", logical_tensors=5, reduction=0.6),
+        "logical tensors wrong (scratch tenant not counted)",
+        lambda p: nested(p, "stats", logical_tensors=4, reduction=0.5),
     ),
     (
         "stats",
         "physical buffers wrong",
-        lambda p: nested(p, "stats", physical_buffers=3, reduction=0.25),
+        lambda p: nested(p, "stats", physical_buffers=3, reduction=0.4),
     ),
     ("stats", "reduction wrong", lambda p: nested(p, "stats", reduction=0.4)),
     ("stats", "arena wrong", lambda p: nested(p, "stats", arena_bytes=64)),
@@ -372,15 +390,33 @@ def test_broken_plan_is_reported(rule: str, how: str, breaker: Break) -> None:
 
 
 def test_problem_paths_point_at_the_field(tiny_plan: Plan) -> None:
+    # tensors: t0, t1, t2, k_out, scratch.3, t3, out
     problems = verify_plan(tensor(tiny_plan, "t3", interval=[3, 9]))
     assert [p.path for p in problems if p.rule == "interval_bounds"] == [
-        "$.phases[0].tensors[4].interval"
+        "$.phases[0].tensors[5].interval"
     ]
     # t2 at offset 0 collides with t0 (both live in slot 2) and then with t3 (slot 3).
     problems = verify_plan(tensor(tiny_plan, "t2", offset=0))
     overlap = [p for p in problems if p.rule == "arena_overlap"]
-    assert [p.path for p in overlap] == ["$.phases[0].tensors[2]", "$.phases[0].tensors[4]"]
+    assert [p.path for p in overlap] == ["$.phases[0].tensors[2]", "$.phases[0].tensors[5]"]
     assert "'t0'" in overlap[0].message and "'t2'" in overlap[1].message
+
+
+def test_scratch_and_sync_messages_name_the_field(tiny_plan: Plan) -> None:
+    problems = verify_plan(op(tiny_plan, 3, scratch=16))
+    assert [(p.path, p.message) for p in problems] == [
+        ("$.phases[0].tensors[4].bytes", "8 bytes, but op 3 declares 16 scratch bytes")
+    ]
+    problems = verify_plan(phase(tiny_plan, sync_points=[SyncPoint(4, "x", evaluate=["k_out"])]))
+    assert [(p.path, p.message) for p in problems] == [
+        ("$.phases[0].outputs[0].id", "output 'out' is evaluated at no sync point")
+    ]
+
+
+def test_envelope_provable_is_all_but_runtime(tiny_plan: Plan) -> None:
+    # weights 256 + kv 256 + persistent 0 + intermediate 128 = 640 = M_max 1664 - runtime 1024
+    env = tiny_plan.envelope
+    assert env.provable == 640 == env.total - env.runtime
 
 
 def test_problems_per_rule_are_capped(tiny_plan: Plan) -> None:

@@ -2,11 +2,15 @@
 7B-sized phase (~6,000 tensors) is verified quickly.
 
 ``build_plan`` is a deliberately naive planner (ASAP slots, first-fit colouring and offsets) written
-only for these tests; it shares nothing with the compiler in ``toolkit``.
+only for these tests; it shares nothing with the compiler in ``toolkit``. Its plans follow the plan
+conventions: optional scratch tenants ``scratch.N``, intervals widened past the last read by up to
+``OpSpec.widen`` slots but never past the next sync point, sync points that evaluate what crosses
+them and the phase outputs, and at most one KV-cache update whose "state" tensor aliases ``k_in``.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 import time
@@ -23,7 +27,8 @@ from dctms.schema.sizes import align_up, is_arena_tenant, lower_bound_bytes, nby
 from dctms.schema.types import Binding, Buffer, Op, Phase, Plan, Stats, SyncPoint, Tensor
 from dctms.schema.verify import MAX_PER_RULE, RULES, verify_plan
 
-EXTERNAL = ("tok", "w_emb")  # the tiny plan's input binding and weight
+EXTERNAL = ("tok", "w_emb", "k_in")  # the tiny plan's input binding, weight and KV cache
+STATE_IN = "k_in"  # the state input binding a "state" op updates (the tiny plan's layers.0.keys)
 
 
 @dataclass
@@ -33,13 +38,25 @@ class OpSpec:
     dtype: str = "float16"
     view: bool = False  # the output aliases its first input's root
     memory_bound: bool = False
+    scratch: int = 0  # scratch bytes: the op gets a tenant "scratch.<i>"
+    widen: int = 0  # slots its tensors are kept past their last read (capped at the next sync)
+    sync: bool = False  # a sync point after this op's slot
+    state: bool = False  # updates the KV cache in place: a "state" tensor, view of STATE_IN
 
 
 def build_plan(specs: list[OpSpec], outputs: set[int], alignment: int = 64) -> Plan:
-    """A valid single-phase plan for ops ``specs`` (op i writes tensor "x{i}")."""
+    """A valid single-phase plan for ops ``specs`` (op i writes tensor "x{i}").
+
+    At most one spec has ``state`` (one output binding per state name); it must read ``STATE_IN``
+    and must not be in ``outputs``.
+    """
     base = make_tiny_plan()
     ids = [f"x{i}" for i in range(len(specs))]
     producer = {tid: i for i, tid in enumerate(ids)}
+    state_ops = [i for i, spec in enumerate(specs) if spec.state]
+    assert len(state_ops) <= 1 and not set(state_ops) & outputs
+    assert all(STATE_IN in specs[i].inputs and not specs[i].view for i in state_ops)
+    state_in = next(b for b in base.phases[0].inputs if b.id == STATE_IN)
 
     # Slots: as soon as the inputs are ready, one memory-bound op per slot, empty slots squeezed out.
     slot: list[int] = []
@@ -54,12 +71,21 @@ def build_plan(specs: list[OpSpec], outputs: set[int], alignment: int = 64) -> P
     renumber = {s: k for k, s in enumerate(sorted(set(slot)))}
     slot = [renumber[s] for s in slot]
     last = max(slot)
+    syncs = sorted({slot[i] for i, spec in enumerate(specs) if spec.sync} | {last})
 
-    # Views name the root; intervals run to the last reader, a view's end, or the phase end.
+    def kept(read: int, widen: int) -> int:
+        """Last slot of a tensor last read in ``read``: widened, not past the next sync point."""
+        return min(read + widen, syncs[bisect.bisect_left(syncs, read)])
+
+    # Views name the root (a state tensor's root is STATE_IN); intervals run to the last reader or
+    # a view's end, widened up to the next sync point, and phase outputs to the phase end.
     root: dict[str, str | None] = {}
     for i, spec in enumerate(specs):
         source = spec.inputs[0]
-        root[ids[i]] = (root.get(source) or source) if spec.view else None
+        if spec.state:
+            root[ids[i]] = STATE_IN
+        else:
+            root[ids[i]] = (root.get(source) or source) if spec.view else None
     end = {tid: slot[i] for i, tid in enumerate(ids)}
     for i, spec in enumerate(specs):
         for x in spec.inputs:
@@ -67,22 +93,47 @@ def build_plan(specs: list[OpSpec], outputs: set[int], alignment: int = 64) -> P
                 end[x] = max(end[x], slot[i])
     for i in outputs:
         end[ids[i]] = last
-    for tid in reversed(ids):  # views come after their roots
+    for i in reversed(range(len(ids))):  # views come after their roots
+        tid = ids[i]
+        if i not in outputs and not specs[i].state:
+            end[tid] = kept(end[tid], specs[i].widen)
         if root[tid] in end:
             end[root[tid]] = max(end[root[tid]], end[tid])
 
-    tensors = [
-        Tensor(
-            tid,
-            specs[i].shape,
-            specs[i].dtype,
-            nbytes(specs[i].shape, specs[i].dtype),
-            [slot[i], end[tid]],
-            view_of=root[tid],
-            kind="output" if i in outputs else "intermediate",
-        )
-        for i, tid in enumerate(ids)
-    ]
+    tensors: list[Tensor] = []
+    for i, tid in enumerate(ids):
+        spec = specs[i]
+        if spec.state:
+            tensors.append(
+                Tensor(
+                    tid,
+                    state_in.shape,
+                    state_in.dtype,
+                    nbytes(state_in.shape, state_in.dtype),
+                    [slot[i], end[tid]],
+                    view_of=STATE_IN,
+                    kind="state",
+                )
+            )
+        else:
+            tensors.append(
+                Tensor(
+                    tid,
+                    spec.shape,
+                    spec.dtype,
+                    nbytes(spec.shape, spec.dtype),
+                    [slot[i], end[tid]],
+                    view_of=root[tid],
+                    kind="output" if i in outputs else "intermediate",
+                )
+            )
+        if spec.scratch:
+            interval = [slot[i], kept(slot[i], spec.widen)]
+            tensors.append(
+                Tensor(
+                    f"scratch.{i}", [spec.scratch], "uint8", spec.scratch, interval, kind="scratch"
+                )
+            )
     tensors = _assign(tensors, alignment)
     buffers = _buffers(tensors)
     arena = max(
@@ -97,16 +148,24 @@ def build_plan(specs: list[OpSpec], outputs: set[int], alignment: int = 64) -> P
         outputs=[
             Binding(ids[i], "output", f"out{i}", specs[i].shape, specs[i].dtype)
             for i in sorted(outputs)
-        ],
+        ]
+        + [replace(state_in, id=ids[i]) for i in state_ops],
         constants=[],
         ops=[
-            Op(i, "Reshape" if s.view else "Add", s.inputs, [ids[i]], memory_bound=s.memory_bound)
+            Op(
+                i,
+                _primitive(s),
+                s.inputs,
+                [ids[i]],
+                memory_bound=s.memory_bound,
+                scratch=s.scratch,
+            )
             for i, s in enumerate(specs)
         ],
         tensors=tensors,
         buffers=buffers,
         slots=[[i for i in range(len(specs)) if slot[i] == k] for k in range(last + 1)],
-        sync_points=[SyncPoint(last, "phase end")],
+        sync_points=_sync_points(specs, ids, slot, syncs, outputs | set(state_ops)),
         arena_bytes=arena,
         lower_bound_bytes=bound,
     )
@@ -121,6 +180,33 @@ def build_plan(specs: list[OpSpec], outputs: set[int], alignment: int = 64) -> P
             logical, len(buffers), 1 - len(buffers) / logical if logical else 0.0, arena, bound
         ),
     )
+
+
+def _primitive(spec: OpSpec) -> str:
+    return "SliceUpdate" if spec.state else "Reshape" if spec.view else "Add"
+
+
+def _sync_points(
+    specs: list[OpSpec], ids: list[str], slot: list[int], syncs: list[int], bound: set[int]
+) -> list[SyncPoint]:
+    """Each sync point evaluates, in op order, what was made since the previous one and is either
+    read after it or bound as a phase output (``bound``: op positions)."""
+    last_read = {tid: -1 for tid in ids}
+    for i, spec in enumerate(specs):
+        for x in spec.inputs:
+            if x in last_read:
+                last_read[x] = max(last_read[x], slot[i])
+    points, previous = [], -1
+    for k, sync in enumerate(syncs):
+        evaluate = [
+            tid
+            for i, tid in enumerate(ids)
+            if previous < slot[i] <= sync and (i in bound or last_read[tid] > sync)
+        ]
+        reason = "phase end" if k == len(syncs) - 1 else f"segment {k}"
+        points.append(SyncPoint(sync, reason, evaluate=evaluate))
+        previous = sync
+    return points
 
 
 def _assign(tensors: list[Tensor], alignment: int) -> list[Tensor]:
@@ -165,20 +251,28 @@ def _buffers(tensors: list[Tensor]) -> list[Buffer]:
 @st.composite
 def op_graphs(draw, max_ops: int = 25) -> tuple[list[OpSpec], set[int]]:
     n = draw(st.integers(1, max_ops))
+    # At most one KV-cache update, never the last op (which is always a phase output).
+    state_at = draw(st.none() | st.integers(0, n - 2)) if n > 1 else None
     specs: list[OpSpec] = []
     for i in range(n):
         available = list(EXTERNAL) + [f"x{j}" for j in range(i)]
         inputs = draw(st.lists(st.sampled_from(available), min_size=1, max_size=3, unique=True))
+        if i == state_at and STATE_IN not in inputs:
+            inputs = [STATE_IN, *inputs[:2]]
         specs.append(
             OpSpec(
                 inputs=inputs,
                 shape=draw(st.lists(st.integers(0, 9), max_size=3)),
                 dtype=draw(st.sampled_from(["float16", "float32", "uint8", "bool"])),
-                view=draw(st.booleans()) and draw(st.booleans()),
+                view=i != state_at and draw(st.booleans()) and draw(st.booleans()),
                 memory_bound=draw(st.booleans()),
+                scratch=draw(st.sampled_from([0, 0, 0, 1, 8, 100])),
+                widen=draw(st.sampled_from([0, 0, 1, 2, 30])),
+                sync=draw(st.integers(0, 3)) == 0,
+                state=i == state_at,
             )
         )
-    outputs = {n - 1} | set(draw(st.lists(st.integers(0, n - 1), max_size=2)))
+    outputs = {n - 1} | (set(draw(st.lists(st.integers(0, n - 1), max_size=2))) - {state_at})
     return specs, outputs
 
 
@@ -191,6 +285,118 @@ def test_generated_valid_plans_pass(graph) -> None:
     plan = build_plan(*graph)
     assert verify_plan(plan) == []
     assert encode_plan(decode_plan(encode_plan(plan))) == encode_plan(plan)  # schema agrees too
+
+
+def test_generator_follows_the_new_conventions() -> None:
+    """A hand-checked example: scratch tenant, run-ahead widening capped at a sync point, a state
+    tensor aliasing its input, and what each sync point evaluates."""
+    specs = [
+        OpSpec(["w_emb", "tok"], [8], scratch=8, widen=30),  # x0, slot 0
+        OpSpec(["x0"], [8], sync=True),  # x1, slot 1; sync point after slot 1
+        OpSpec([STATE_IN, "x1"], [], state=True),  # x2, slot 2: the KV cache update
+        OpSpec(["x1"], [8], widen=1),  # x3, slot 2
+        OpSpec(["x3"], [8]),  # x4, slot 3
+        OpSpec(["x4"], [8]),  # x5, slot 4: the phase output
+    ]
+    plan = build_plan(specs, outputs={5})
+    phase = plan.phases[0]
+    by_id = {t.id: t for t in phase.tensors}
+    assert phase.slots == [[0], [1], [2, 3], [4], [5]]
+    assert by_id["x0"].interval == [0, 1]  # last read in slot 1, which is a sync point
+    assert by_id["scratch.0"].interval == [0, 1]  # never read; widened up to that sync point
+    assert by_id["x3"].interval == [2, 4]  # last read in slot 3, kept one more slot
+    assert (by_id["x2"].kind, by_id["x2"].view_of, by_id["x2"].buffer) == ("state", "k_in", None)
+    assert [(sp.slot, sp.evaluate) for sp in phase.sync_points] == [(1, ["x1"]), (4, ["x2", "x5"])]
+    assert plan.stats.logical_tensors == 6  # x0, x1, x3, x4, x5 and scratch.0
+    assert verify_plan(plan) == []
+    for tid, interval in [("x0", [0, 2]), ("scratch.0", [0, 2]), ("x3", [2, 2])]:
+        broken = replace(
+            plan,
+            phases=[
+                replace(
+                    phase,
+                    tensors=[
+                        replace(t, interval=interval) if t.id == tid else t for t in phase.tensors
+                    ],
+                )
+            ],
+        )
+        assert "interval_last_use" in {p.rule for p in verify_plan(broken)}, tid
+
+
+def _brute_force_last_use(phase: Phase) -> set[int]:
+    """Positions of tensors whose interval end breaks the rule, straight from its definition."""
+    slot_of = {i: k for k, members in enumerate(phase.slots) for i in members}
+    syncs = [sp.slot for sp in phase.sync_points]
+    outputs = {b.id for b in phase.outputs if b.kind == "output"}
+    last = len(phase.slots) - 1
+    bad = set()
+    for pos, t in enumerate(phase.tensors):
+        if t.kind == "state":
+            continue
+        start, end = t.interval
+        if t.kind == "output" or t.id in outputs:
+            if end != last:
+                bad.add(pos)
+            continue
+        read = max(
+            [start]
+            + [slot_of[o.index] for o in phase.ops if t.id in o.inputs]
+            + [v.interval[1] for v in phase.tensors if v.view_of == t.id]
+        )
+        if not read <= end <= min(k for k in syncs if k >= read):
+            bad.add(pos)
+    return bad
+
+
+@GENERATED
+@given(graph=op_graphs(), seed=st.integers(0, 2**32 - 1))
+def test_last_use_rule_matches_brute_force(graph, seed: int) -> None:
+    plan = build_plan(*graph)
+    phase = plan.phases[0]
+    rng = random.Random(seed)
+    last = len(phase.slots) - 1
+    moved = [
+        replace(t, interval=[t.interval[0], rng.randint(t.interval[0], last)])
+        if rng.random() < 0.3
+        else t
+        for t in phase.tensors
+    ]
+    broken = replace(phase, tensors=moved)
+    reported = [
+        p.path for p in verify_plan(replace(plan, phases=[broken])) if p.rule == "interval_last_use"
+    ]
+    expected = _brute_force_last_use(broken)
+    assert len(expected) <= MAX_PER_RULE
+    assert reported == [f"$.phases[0].tensors[{pos}].interval" for pos in sorted(expected)]
+
+
+@GENERATED
+@given(graph=op_graphs(), seed=st.integers(0, 2**32 - 1))
+def test_sync_evaluate_rule_matches_brute_force(graph, seed: int) -> None:
+    plan = build_plan(*graph)
+    phase = plan.phases[0]
+    rng = random.Random(seed)
+    slot_of = {i: k for k, members in enumerate(phase.slots) for i in members}
+    made = {tid: slot_of[o.index] for o in phase.ops for tid in o.outputs}
+    syncs = [sp.slot for sp in phase.sync_points]
+    # Every op output is evaluated at a random sync point, or (sometimes) at none.
+    evaluate: list[list[str]] = [[] for _ in syncs]
+    for tid in made:
+        k = rng.randrange(len(syncs) + 1)
+        if k < len(syncs):
+            evaluate[k].append(tid)
+    points = [replace(sp, evaluate=e) for sp, e in zip(phase.sync_points, evaluate, strict=True)]
+    broken = replace(plan, phases=[replace(phase, sync_points=points)])
+    reported = [p for p in verify_plan(broken) if p.rule == "sync_points"]
+    misplaced = sum(
+        1
+        for k, e in enumerate(evaluate)
+        for tid in e
+        if not (syncs[k - 1] if k else -1) < made[tid] <= syncs[k]
+    )
+    never = sum(1 for b in phase.outputs if not any(b.id in e for e in evaluate))
+    assert len(reported) == misplaced + never
 
 
 def _brute_force_overlaps(tensors: list[Tensor]) -> int:
@@ -264,21 +470,26 @@ def test_buffer_sweep_matches_brute_force(graph, seed: int) -> None:
 
 
 def transformer_like(layers: int, ops_per_layer: int) -> list[OpSpec]:
-    """A residual stream with per-layer chains, views and long-lived values (like a decoder)."""
+    """A residual stream with per-layer chains, views and long-lived values (like a decoder): a sync
+    point after every layer, scratch on some ops, lifetimes widened by run-ahead, and one KV-cache
+    update in the first layer."""
     specs: list[OpSpec] = [OpSpec(["w_emb", "tok"], [1, 1, 3584], memory_bound=True)]
-    for _ in range(layers):
-        residual = f"x{len(specs) - 1}"
+    for layer in range(layers):
+        residual = prev = f"x{len(specs) - 1}"
         for k in range(ops_per_layer):
-            prev = f"x{len(specs) - 1}"
             if k % 7 == 3:
-                specs.append(OpSpec([prev], [1, 28, 128], view=True))
+                spec = OpSpec([prev], [1, 28, 128], view=True)
             elif k % 5 == 0:
-                specs.append(
-                    OpSpec([prev, "w_emb"], [1, 1, 18944 if k % 2 else 3584], memory_bound=True)
-                )
+                spec = OpSpec([prev, "w_emb"], [1, 1, 18944 if k % 2 else 3584], memory_bound=True)
             else:
-                specs.append(OpSpec([prev], [1, 1, 3584], dtype="float32" if k % 3 else "float16"))
-        specs.append(OpSpec([f"x{len(specs) - 1}", residual], [1, 1, 3584]))
+                spec = OpSpec([prev], [1, 1, 3584], dtype="float32" if k % 3 else "float16")
+            spec.scratch = 4 * 3584 if k % 11 == 4 else 0
+            spec.widen = 3 if k % 13 == 6 else 0
+            specs.append(spec)
+            prev = f"x{len(specs) - 1}"
+            if layer == 0 and k == 1:  # writes the cache from a layer value; the chain goes on
+                specs.append(OpSpec([STATE_IN, prev], [], state=True))
+        specs.append(OpSpec([prev, residual], [1, 1, 3584], sync=True))
     return specs
 
 
