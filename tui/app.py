@@ -1,0 +1,230 @@
+"""``dctms-tui PLAN`` / ``dctms-tui OLD NEW``: the plan inspector (Textual).
+
+Every screen is a Textual *mode*, built the first time it is shown and kept afterwards, so start-up
+costs one screen (the Overview, or the Diff in diff mode) however large the plan is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterable
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.reactive import reactive
+from textual.screen import Screen
+
+from dctms.schema.errors import DctmsError
+from dctms.schema.io import read_plan
+from dctms.tui.screens.base import PhaseScreen
+from dctms.tui.screens.buffers import BuffersScreen
+from dctms.tui.screens.diff import DiffScreen
+from dctms.tui.screens.help import HelpScreen
+from dctms.tui.screens.lifetimes import LifetimesScreen
+from dctms.tui.screens.memory import MemoryScreen
+from dctms.tui.screens.ops import OpsScreen
+from dctms.tui.screens.overview import OverviewScreen
+from dctms.tui.screens.schedule import ScheduleScreen
+from dctms.tui.state import Session
+
+SCREEN_CLASSES: dict[str, type[Screen]] = {
+    "overview": OverviewScreen,
+    "memory": MemoryScreen,
+    "lifetimes": LifetimesScreen,
+    "buffers": BuffersScreen,
+    "schedule": ScheduleScreen,
+    "ops": OpsScreen,
+    "diff": DiffScreen,
+}
+
+
+class InspectorApp(App[int]):
+    CSS_PATH = "inspector.tcss"
+    TITLE = "dctms-tui"
+    ENABLE_COMMAND_PALETTE = True
+    # Below 110 columns the Overview stacks its tables instead of placing them side by side.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+
+    BINDINGS = [
+        Binding("1", "show_number(1)", "screen", key_display="1-7"),
+        *[Binding(str(n), f"show_number({n})", f"screen {n}", show=False) for n in range(2, 8)],
+        Binding("tab", "cycle_screen(1)", "next screen", show=False, priority=True),
+        Binding("shift+tab", "cycle_screen(-1)", "previous screen", show=False, priority=True),
+        Binding("p", "next_phase", "phase"),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    # The phase the per-phase screens show (index into plan.phases); shared so it survives switching.
+    phase: reactive[int] = reactive(0)
+
+    def __init__(
+        self, session: Session, *, screen: str | None = None, exit_after_paint: bool = False
+    ):
+        super().__init__()
+        self.session = session
+        self.exit_after_paint = exit_after_paint
+        self.paint_seconds: float | None = None
+        for mode, _ in session.screens:
+            self.add_mode(mode, SCREEN_CLASSES[mode])
+        self.first_mode = screen or ("diff" if session.diff_mode else "overview")
+        self.title = f"dctms-tui {session.title}"
+
+    def on_mount(self) -> None:
+        self.switch_mode(self.first_mode)
+        # After the first screen is laid out and drawn: what start-up measurements wait for.
+        self.call_after_refresh(self._painted)
+
+    def _painted(self) -> None:
+        self.paint_seconds = seconds_since_process_start()
+        if self.exit_after_paint:
+            self.exit(0)
+
+    # ------------------------------------------------------------------------------- screens
+
+    @property
+    def modes(self) -> list[str]:
+        return [mode for mode, _ in self.session.screens]
+
+    def action_show(self, mode: str) -> None:
+        if mode in self.modes:
+            self.switch_mode(mode)
+        elif mode == "diff":
+            self.notify("the Diff screen needs two plans: dctms-tui OLD NEW", severity="warning")
+
+    def action_show_number(self, number: int) -> None:
+        if 1 <= number <= len(self.modes):
+            self.action_show(self.modes[number - 1])
+        elif number == len(SCREEN_CLASSES):
+            self.action_show("diff")
+
+    def action_cycle_screen(self, step: int) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        modes = self.modes
+        current = modes.index(self.current_mode) if self.current_mode in modes else 0
+        self.switch_mode(modes[(current + step) % len(modes)])
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    # -------------------------------------------------------------------------------- phases
+
+    def action_phase(self, number: int) -> None:
+        if 0 <= number < len(self.session.plan.phases):
+            self.phase = number
+
+    def action_next_phase(self) -> None:
+        count = len(self.session.plan.phases)
+        if count:
+            self.phase = (self.phase + 1) % count
+
+    def watch_phase(self) -> None:
+        if isinstance(self.screen, PhaseScreen):
+            self.screen.sync_phase()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # "p" only does something (and only shows in the footer) on the per-phase screens.
+        if action == "next_phase":
+            return isinstance(self.screen, PhaseScreen) and len(self.session.plan.phases) > 1
+        return True
+
+    # ------------------------------------------------------------------------ command palette
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        for number, (mode, title) in enumerate(self.session.screens, start=1):
+            yield SystemCommand(
+                f"Screen: {title}", f"show the {title} screen (key {number})", self._show(mode)
+            )
+        for number, phase in enumerate(self.session.plan.phases):
+            yield SystemCommand(
+                f"Phase: {phase.name}",
+                f"per-phase screens show {phase.name} ({len(phase.ops):,} ops)",
+                self._phase(number),
+            )
+        yield SystemCommand("Keys: help", "every key of the inspector (?)", self.action_help)
+        yield from super().get_system_commands(screen)
+
+    def _show(self, mode: str):
+        return lambda: self.action_show(mode)
+
+    def _phase(self, number: int):
+        return lambda: self.action_phase(number)
+
+
+def seconds_since_process_start() -> float:
+    """Seconds since this process started, interpreter start-up and imports included.
+
+    Linux: ``/proc`` uptime minus the process's start tick (10 ms resolution; psutil's create_time
+    is derived from a whole-second boot time, too coarse here). Elsewhere: since this module loaded.
+    """
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            # Field 22 is the start time in clock ticks; the command name (field 2) may hold spaces.
+            start_ticks = int(stat.read().rpartition(")")[2].split()[19])
+            now = float(uptime.read().split()[0])
+        return now - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dctms-tui",
+        description=(
+            "Inspect a dctms plan in the terminal: envelope, memory curve, lifetimes, buffers, "
+            "schedule, ops. With two plans (OLD NEW) it opens on what changed between them. "
+            "An invalid plan is refused with one line on stderr and exit status 2."
+        ),
+    )
+    parser.add_argument(
+        "plans", nargs="+", metavar="PLAN", help="a plan file, or OLD NEW to compare"
+    )
+    parser.add_argument(
+        "--screen",
+        choices=list(SCREEN_CLASSES),
+        help="screen to open on (default: overview; diff when two plans are given)",
+    )
+    parser.add_argument(
+        "--exit-after-paint",
+        action="store_true",
+        help="draw the first screen without a terminal, print the seconds from process start, exit",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if len(args.plans) > 2:
+        parser.error("give one PLAN, or OLD NEW to compare two plans")
+    if args.screen == "diff" and len(args.plans) != 2:
+        parser.error("--screen diff needs two plans: OLD NEW")
+    try:
+        plans = [read_plan(path) for path in args.plans]
+    except DctmsError as err:
+        print(f"dctms-tui: {err}", file=sys.stderr)
+        return err.exit_code
+    if len(plans) == 2:
+        session = Session(plans[1], args.plans[1], old=plans[0], old_path=args.plans[0])
+    else:
+        session = Session(plans[0], args.plans[0])
+    app = InspectorApp(session, screen=args.screen, exit_after_paint=args.exit_after_paint)
+    try:
+        app.run(headless=args.exit_after_paint)
+    except KeyboardInterrupt:
+        return 130
+    if args.exit_after_paint and app.paint_seconds is not None:
+        print(f"first screen painted {app.paint_seconds:.2f} s after process start")
+    return app.return_code or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,476 @@
+"""Figures the inspector shows, computed from a ``Plan`` without Textual (unit-testable on their own).
+
+Conventions are the schema's: intervals are inclusive slot ranges, arena tenants and alignment come
+from ``dctms.schema.sizes`` so the memory curve's peak is the plan's ``lower_bound_bytes`` by
+construction, and the Table-1 constants are ``dctms show``'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from dctms.schema.sizes import align_up, is_arena_tenant
+from dctms.schema.types import Op, Phase, Plan, Tensor
+from dctms.toolkit.views.show import MIB, PAPER_LOGICAL, PAPER_PHYSICAL, PAPER_REDUCTION
+
+COMPONENTS = ("weights", "kv", "persistent", "intermediate", "runtime")
+
+
+# --------------------------------------------------------------------------------------- formatting
+
+
+def fmt_bytes(value: int) -> str:
+    """``409,223,296 B (390.27 MiB)``: exact bytes first (the plan's unit), MiB to read at a glance."""
+    return f"{value:,} B ({value / MIB:,.2f} MiB)"
+
+
+def fmt_mib(value: int) -> str:
+    return f"{value / MIB:,.2f} MiB"
+
+
+def fmt_size(value: float) -> str:
+    """Short size for axis labels: ``128 B``, ``1.5 KiB``, ``390.3 MiB``, ``4.1 GiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def fmt_signed(value: int | float, digits: int = 0) -> str:
+    """A delta with its sign always shown (``+0`` for no change)."""
+    return f"{value:+,.{digits}f}"
+
+
+def fmt_shape(shape: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+# ----------------------------------------------------------------------------------------- overview
+
+
+def envelope_parts(plan: Plan) -> list[tuple[str, int]]:
+    """The components of M_max in stacking order, with their bytes."""
+    e = plan.envelope
+    return [(name, getattr(e, name)) for name in COMPONENTS]
+
+
+def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
+    b = plan.bounds
+    kv = b.kv.dtype
+    if b.kv.bits is not None:
+        kv += f", {b.kv.bits}-bit, groups of {b.kv.group_size}"
+    return [
+        ("input tokens (N)", str(b.input_tokens)),
+        ("output tokens (M)", str(b.output_tokens)),
+        ("batch", str(b.batch)),
+        ("prefill chunk", str(b.prefill_chunk)),
+        ("dtype", b.dtype),
+        ("KV cache", f"{kv}, capacity {b.kv_capacity} positions"),
+    ]
+
+
+@dataclass(frozen=True)
+class Table1:
+    """The paper's Table 1 (interval colouring) for this plan, next to the paper's own figures."""
+
+    logical_tensors: int
+    physical_buffers: int
+    reduction: float
+    paper_logical: int = PAPER_LOGICAL
+    paper_physical: int = PAPER_PHYSICAL
+    paper_reduction: float = PAPER_REDUCTION
+
+
+def table1(plan: Plan) -> Table1:
+    s = plan.stats
+    return Table1(s.logical_tensors, s.physical_buffers, s.reduction)
+
+
+@dataclass(frozen=True)
+class ArenaRow:
+    name: str
+    arena: int
+    lower_bound: int
+
+    @property
+    def ratio(self) -> float | None:
+        return self.arena / self.lower_bound if self.lower_bound else None
+
+
+def arena_rows(plan: Plan) -> list[ArenaRow]:
+    """Each phase's arena against its lower bound, then the maximum over phases (``stats``)."""
+    rows = [ArenaRow(p.name, p.arena_bytes, p.lower_bound_bytes) for p in plan.phases]
+    rows.append(ArenaRow("max over phases", plan.stats.arena_bytes, plan.stats.lower_bound_bytes))
+    return rows
+
+
+# -------------------------------------------------------------------------------------- phase index
+
+
+class PhaseIndex:
+    """Lookups over one phase, built once (linear time) and shared by every screen."""
+
+    def __init__(self, phase: Phase, alignment: int):
+        self.phase = phase
+        self.alignment = alignment
+        self.num_slots = len(phase.slots)
+        self.tensor: dict[str, Tensor] = {t.id: t for t in phase.tensors}
+        self.op: dict[int, Op] = {op.index: op for op in phase.ops}
+        self.slot_of_op: dict[int, int] = {i: s for s, ops in enumerate(phase.slots) for i in ops}
+        self.producer: dict[str, int] = {}
+        self.consumers: dict[str, list[int]] = defaultdict(list)
+        for op in phase.ops:
+            for out in op.outputs:
+                self.producer[out] = op.index
+            for name in dict.fromkeys(op.inputs):  # an op reading x twice consumes it once
+                self.consumers[name].append(op.index)
+        for t in phase.tensors:
+            # A temporary MLX allocates inside op N is named "scratch.N" and has no op output.
+            if t.kind == "scratch" and t.id not in self.producer:
+                suffix = t.id.rpartition(".")[2]
+                if suffix.isdigit() and int(suffix) in self.op:
+                    self.producer[t.id] = int(suffix)
+        self.shape: dict[str, tuple[list[int], str]] = {}
+        for binding in (*phase.inputs, *phase.outputs):
+            self.shape[binding.id] = (binding.shape, binding.dtype)
+        for constant in phase.constants:
+            self.shape[constant.id] = (constant.shape, constant.dtype)
+        for t in phase.tensors:
+            self.shape[t.id] = (t.shape, t.dtype)
+        self.tenants: dict[int, list[Tensor]] = defaultdict(list)
+        for t in phase.tensors:
+            if t.buffer is not None:
+                self.tenants[t.buffer].append(t)
+        for tenants in self.tenants.values():
+            tenants.sort(key=lambda t: (t.interval[0], t.interval[1], t.id))
+        self.sync_at: dict[int, str] = {}
+        for sp in phase.sync_points:
+            self.sync_at[sp.slot] = "; ".join(filter(None, (self.sync_at.get(sp.slot), sp.reason)))
+        self._curve: list[int] | None = None
+
+    def producer_op(self, tensor_id: str) -> Op | None:
+        index = self.producer.get(tensor_id)
+        return None if index is None else self.op.get(index)
+
+    def consumer_ops(self, tensor_id: str) -> list[Op]:
+        return [self.op[i] for i in self.consumers.get(tensor_id, ())]
+
+    def layer_of(self, tensor_id: str) -> int | None:
+        op = self.producer_op(tensor_id)
+        return None if op is None else op.layer
+
+    def aligned(self, tensor: Tensor) -> int:
+        return align_up(tensor.bytes, self.alignment)
+
+    # ------------------------------------------------------------------------------ memory curve
+
+    @property
+    def curve(self) -> list[int]:
+        """Aligned live bytes of the arena tenants in each slot (cached)."""
+        if self._curve is None:
+            self._curve = memory_curve(self.phase, self.alignment)
+        return self._curve
+
+    def peak(self) -> tuple[int, int]:
+        """(first slot where live bytes are highest, those bytes); (0, 0) for an empty phase."""
+        curve = self.curve
+        if not curve:
+            return 0, 0
+        best = max(curve)
+        return curve.index(best), best
+
+    def live_at(self, slot: int) -> list[Tensor]:
+        """Arena tenants live in ``slot``, largest (aligned) first, then by id."""
+        live = [
+            t
+            for t in self.phase.tensors
+            if is_arena_tenant(t) and t.interval[0] <= slot <= t.interval[1]
+        ]
+        live.sort(key=lambda t: (-self.aligned(t), t.id))
+        return live
+
+
+def memory_curve(phase: Phase, alignment: int) -> list[int]:
+    """Live bytes per slot: the aligned bytes of every arena tenant whose interval holds the slot.
+
+    The same sum ``dctms.schema.sizes.lower_bound_bytes`` maximises, so ``max(curve)`` is the bound.
+    """
+    num_slots = len(phase.slots)
+    delta = [0] * (num_slots + 1)
+    for t in phase.tensors:
+        a, b = t.interval
+        if is_arena_tenant(t) and 0 <= a <= b < num_slots:
+            size = align_up(t.bytes, alignment)
+            delta[a] += size
+            delta[b + 1] -= size
+    curve, live = [], 0
+    for change in delta[:num_slots]:
+        live += change
+        curve.append(live)
+    return curve
+
+
+# ------------------------------------------------------------------------------------- lifetimes
+
+
+@dataclass(frozen=True)
+class Query:
+    """A filter typed into a search box: ``layer:3 prim:matmul q_proj`` (every term must match)."""
+
+    layer: int | None = None
+    primitive: str | None = None
+    buffer: int | None = None
+    kind: str | None = None
+    words: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return self == Query()
+
+
+_TERM = re.compile(r"^(layer|l|prim|primitive|p|buffer|buf|b|kind|k)[:=](.+)$", re.IGNORECASE)
+
+
+def parse_query(text: str) -> Query:
+    """Parse a filter; a malformed number (``layer:x``) is taken as a plain word, never an error."""
+    layer = buffer = None
+    primitive = kind = None
+    words: list[str] = []
+    for term in text.split():
+        match = _TERM.match(term)
+        key, value = (match[1].lower(), match[2]) if match else ("", term)
+        if key in ("layer", "l") and value.isdigit():
+            layer = int(value)
+        elif key in ("buffer", "buf", "b") and value.isdigit():
+            buffer = int(value)
+        elif key in ("prim", "primitive", "p"):
+            primitive = value.lower()
+        elif key in ("kind", "k"):
+            kind = value.lower()
+        else:
+            words.append(term.lower())
+    return Query(layer, primitive, buffer, kind, tuple(words))
+
+
+def tensor_matches(index: PhaseIndex, tensor: Tensor, query: Query) -> bool:
+    if query.empty:
+        return True
+    op = index.producer_op(tensor.id)
+    primitive = op.primitive.lower() if op is not None else ""
+    if query.layer is not None and (op is None or op.layer != query.layer):
+        return False
+    if query.primitive is not None and query.primitive not in primitive:
+        return False
+    if query.buffer is not None and tensor.buffer != query.buffer:
+        return False
+    if query.kind is not None and not tensor.kind.startswith(query.kind):
+        return False
+    tensor_id = tensor.id.lower()
+    return all(w in tensor_id or w in primitive for w in query.words)
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One tenant's lifetime in a chart row: slots ``start..end`` inclusive."""
+
+    start: int
+    end: int
+    tensor: str
+    buffer: int | None  # colour key; None for views and state (no bytes of their own)
+    shade: int = 0  # alternates between neighbours sharing a row, so their boundary shows
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str  # tensor id, or "buffer N"
+    label: str
+    bars: tuple[Bar, ...]
+    buffer: int | None = None
+
+
+def tensor_rows(index: PhaseIndex, query: Query = Query()) -> list[Row]:
+    """One row per tensor matching ``query``, in order of first slot (then plan order)."""
+    rows = []
+    ordered = sorted(enumerate(index.phase.tensors), key=lambda p: (p[1].interval[0], p[0]))
+    for _, t in ordered:
+        if not tensor_matches(index, t, query):
+            continue
+        op = index.producer_op(t.id)
+        what = op.primitive if op is not None else t.kind
+        layer = f"L{op.layer}" if op is not None and op.layer is not None else ""
+        label = f"{t.id:<11.11} {what:<16.16} {layer:>3}"
+        bar = Bar(t.interval[0], t.interval[1], t.id, t.buffer)
+        rows.append(Row(t.id, label, (bar,), t.buffer))
+    return rows
+
+
+def buffer_rows(index: PhaseIndex, query: Query = Query()) -> list[Row]:
+    """One row per physical buffer: its tenants (those matching ``query``) over time."""
+    rows = []
+    for buffer in sorted(index.phase.buffers, key=lambda b: b.id):
+        tenants = [t for t in index.tenants.get(buffer.id, ()) if tensor_matches(index, t, query)]
+        if not tenants and not query.empty:
+            continue
+        bars = tuple(
+            Bar(t.interval[0], t.interval[1], t.id, buffer.id, shade=i % 2)
+            for i, t in enumerate(tenants)
+        )
+        label = f"buf {buffer.id:<4} {fmt_size(buffer.bytes):>11} {len(tenants):>4} tenants"
+        rows.append(Row(f"buffer {buffer.id}", label, bars, buffer.id))
+    return rows
+
+
+@dataclass(frozen=True)
+class TensorDetails:
+    tensor: Tensor
+    producer: Op | None
+    consumers: list[Op]
+    layer: int | None
+    slot_of_producer: int | None
+
+
+def tensor_details(index: PhaseIndex, tensor_id: str) -> TensorDetails | None:
+    tensor = index.tensor.get(tensor_id)
+    if tensor is None:
+        return None
+    producer = index.producer_op(tensor_id)
+    slot = index.slot_of_op.get(producer.index) if producer is not None else None
+    return TensorDetails(
+        tensor, producer, index.consumer_ops(tensor_id), index.layer_of(tensor_id), slot
+    )
+
+
+# --------------------------------------------------------------------------------------- buffers
+
+
+@dataclass(frozen=True)
+class BufferSummary:
+    id: int
+    bytes: int
+    tenants: int
+    first_slot: int | None
+    last_slot: int | None
+    busy_slots: int  # slots in which some tenant is live
+    largest_tenant: int
+
+
+def buffer_summaries(index: PhaseIndex) -> list[BufferSummary]:
+    rows = []
+    for buffer in sorted(index.phase.buffers, key=lambda b: b.id):
+        tenants = index.tenants.get(buffer.id, [])
+        busy: set[int] = set()
+        for t in tenants:
+            busy.update(range(t.interval[0], t.interval[1] + 1))
+        rows.append(
+            BufferSummary(
+                buffer.id,
+                buffer.bytes,
+                len(tenants),
+                min((t.interval[0] for t in tenants), default=None),
+                max((t.interval[1] for t in tenants), default=None),
+                len(busy),
+                max((t.bytes for t in tenants), default=0),
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A tenant's rectangle in the arena: bytes ``[offset, end)`` during slots ``start..end_slot``."""
+
+    tensor: str
+    offset: int
+    end: int
+    start: int
+    end_slot: int
+    buffer: int | None
+
+
+def arena_placements(index: PhaseIndex) -> list[Placement]:
+    return [
+        Placement(t.id, t.offset, t.offset + t.bytes, t.interval[0], t.interval[1], t.buffer)
+        for t in index.phase.tensors
+        if is_arena_tenant(t) and t.offset is not None
+    ]
+
+
+def arena_bands(placements: list[Placement], arena_bytes: int, bands: int) -> list[list[Placement]]:
+    """The placements overlapping each of ``bands`` equal byte ranges of the arena (top = offset 0)."""
+    out: list[list[Placement]] = [[] for _ in range(max(bands, 0))]
+    if bands <= 0 or arena_bytes <= 0:
+        return out
+    for p in placements:
+        if p.end <= p.offset:
+            continue
+        first = min(bands - 1, p.offset * bands // arena_bytes)
+        last = min(bands - 1, (p.end - 1) * bands // arena_bytes)
+        for band in range(first, last + 1):
+            out[band].append(p)
+    return out
+
+
+# -------------------------------------------------------------------------------------- schedule
+
+
+@dataclass(frozen=True)
+class SlotRow:
+    slot: int
+    ops: list[Op]
+    live_bytes: int
+    sync: str  # reason of the sync point after this slot, "" when none
+
+    @property
+    def memory_bound(self) -> int:
+        return sum(1 for op in self.ops if op.memory_bound)
+
+
+def slot_rows(index: PhaseIndex) -> list[SlotRow]:
+    curve = index.curve
+    return [
+        SlotRow(s, [index.op[i] for i in ops if i in index.op], curve[s], index.sync_at.get(s, ""))
+        for s, ops in enumerate(index.phase.slots)
+    ]
+
+
+# ------------------------------------------------------------------------------------------- ops
+
+
+def describe_value(index: PhaseIndex, name: str) -> str:
+    """``id[1,512,448] bfloat16`` for an op input/output; the bare id when its shape is unknown."""
+    known = index.shape.get(name)
+    if known is None:
+        return name
+    shape, dtype = known
+    return f"{name}{fmt_shape(shape)} {dtype}"
+
+
+def op_matches(op: Op, query: Query) -> bool:
+    if query.empty:
+        return True
+    if query.layer is not None and op.layer != query.layer:
+        return False
+    primitive = op.primitive.lower()
+    if query.primitive is not None and query.primitive not in primitive:
+        return False
+    names = [n.lower() for n in (*op.inputs, *op.outputs)]
+    return all(w in primitive or any(w in n for n in names) for w in query.words)
+
+
+def op_rows(index: PhaseIndex, query: Query = Query()) -> list[Op]:
+    return [op for op in index.phase.ops if op_matches(op, query)]
+
+
+@dataclass
+class PlanIndex:
+    """Per-phase indexes of one plan, built on first use (a 7B phase takes ~30 ms)."""
+
+    plan: Plan
+    _phases: dict[int, PhaseIndex] = field(default_factory=dict)
+
+    def phase(self, number: int) -> PhaseIndex:
+        if number not in self._phases:
+            self._phases[number] = PhaseIndex(self.plan.phases[number], self.plan.target.alignment)
+        return self._phases[number]

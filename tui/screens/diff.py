@@ -1,0 +1,92 @@
+"""Diff (two plans): envelope deltas by component, bounds and fingerprint changes, Table-1 deltas."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from dctms.tui.diff import Change, Delta, plan_diff
+from dctms.tui.screens.base import InspectorScreen
+
+CHANGED = "bold #e5c07b"
+
+
+def _value(value: int | float | None, digits: int) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+
+
+def _signed(value: int | float | None, digits: int) -> Text:
+    if value is None:
+        return Text("—", justify="right")
+    style = "" if value == 0 else ("#e06c75" if value > 0 else "#98c379")
+    text = f"{value:+,.{digits}f}" if isinstance(value, float) else f"{value:+,}"
+    return Text(text, style=style, justify="right")
+
+
+def delta_table(title: str, rows: list[Delta], *, mib: bool, digits: int = 0) -> Table:
+    """Old, new, change (and MiB, %) per figure; growth is red, shrinkage green."""
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
+    table.add_column("")
+    table.add_column("old", justify="right")
+    table.add_column("new", justify="right")
+    table.add_column("Δ", justify="right")
+    if mib:
+        table.add_column("Δ MiB", justify="right")
+    table.add_column("Δ %", justify="right")
+    for row in rows:
+        d = row.delta
+        precise = digits if isinstance(d, float) or isinstance(row.old, float) else 0
+        cells = [
+            Text(row.name, style=CHANGED if row.changed else ""),
+            _value(row.old, precise),
+            _value(row.new, precise),
+            _signed(d, precise),
+        ]
+        if mib:
+            cells.append(_signed(row.delta_mib, 2))
+        cells.append(
+            _signed(row.percent, 2) if row.percent is not None else Text("—", justify="right")
+        )
+        table.add_row(*cells)
+    return table
+
+
+def change_table(title: str, rows: list[Change]) -> Table:
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
+    table.add_column("")
+    table.add_column("old")
+    table.add_column("new")
+    table.add_column("")
+    for row in rows:
+        mark = Text("changed", style=CHANGED) if row.changed else Text("same", style="dim")
+        table.add_row(Text(row.name, style=CHANGED if row.changed else ""), row.old, row.new, mark)
+    return table
+
+
+class DiffScreen(InspectorScreen):
+    MODE = "diff"
+
+    def compose_body(self) -> ComposeResult:
+        session = self.session
+        assert session.old is not None and session.old_path is not None
+        diff = plan_diff(session.old, session.plan)
+        with VerticalScroll(id="diff"):
+            yield Static(
+                f"[b]{session.old_path}[/b] → [b]{session.path}[/b]: {diff.changed} figure(s) differ"
+                "   [dim](other screens show the new plan)[/dim]",
+                id="diff-header",
+            )
+            yield Static(
+                delta_table("Memory envelope", diff.envelope, mib=True), id="diff-envelope"
+            )
+            yield Static(
+                delta_table("Table 1 and arena", diff.table1, mib=False, digits=4), id="diff-table1"
+            )
+            yield Static(change_table("Bounds", diff.bounds), id="diff-bounds")
+            yield Static(change_table("Model fingerprint", diff.fingerprint), id="diff-fingerprint")
+            yield Static(delta_table("Phases", diff.phases, mib=False), id="diff-phases")

@@ -1,0 +1,50 @@
+"""``?``: every key of the inspector on one page (the footer shows only the most used)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS = [
+    ("Screens", ""),
+    ("1 … 7", "Overview, Memory, Lifetimes, Buffers, Schedule, Ops, Diff (diff mode only)"),
+    ("tab / shift+tab", "next / previous screen"),
+    ("ctrl+p", "command palette: every screen, phase and toggle by name"),
+    ("p", "next phase (prefill, decode, …) on the per-phase screens"),
+    ("?", "this help;  q: quit"),
+    ("Charts (Memory, Lifetimes, Buffers)", ""),
+    ("+ / -", "zoom the slot axis in / out;  f: fit every slot"),
+    ("← → / h l", "pan along the slots"),
+    ("↑ ↓ / k j", "move the row cursor; pgup/pgdn, home/end"),
+    ("b", "Lifetimes: one row per tensor ⇄ one row per buffer"),
+    ("[ ]  m", "Memory: step the inspected slot; back to the peak"),
+    ("s", "Memory: sort the live tensors by size (again: reverse); a header click sorts too"),
+    ("Tables and search", ""),
+    ("/", "search / filter: words match names and primitives; layer:N prim:NAME buf:N kind:K"),
+    ("enter / escape", "apply the search and go back to the list / leave the search box"),
+    ("e", "Schedule: switch between the slots and the sync points"),
+]
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,question_mark,q", "app.pop_screen", "close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        table = Table(title="dctms-tui keys", box=None, padding=(0, 2), show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        for key, what in KEYS:
+            if what:
+                table.add_row(key, what)
+            else:
+                table.add_row("", "")
+                table.add_row(f"[u]{key}[/u]", "")
+        with VerticalScroll(id="help"):
+            yield Static(table)
+            yield Static("[dim]escape, ? or q closes this page[/dim]")

@@ -1,0 +1,116 @@
+"""Ops: every primitive of the phase with its layer, slot, inputs and outputs (shapes), searchable."""
+
+from __future__ import annotations
+
+import json
+
+from rich.markup import escape
+from textual.app import ComposeResult
+from textual.widget import Widget
+from textual.widgets import Input, Static
+
+from dctms.tui.data import PhaseIndex, Query, describe_value, fmt_shape, op_rows
+from dctms.tui.screens.base import PhaseScreen, SearchMixin
+from dctms.tui.widgets.table import Column, VirtualTable
+
+COLUMNS = [
+    Column("op", "op", numeric=True),
+    Column("primitive", "primitive"),
+    Column("layer", "layer", numeric=True),
+    Column("slot", "slot", numeric=True),
+    Column("inputs", "inputs", max_width=44),
+    Column("outputs", "outputs", max_width=28),
+    Column("mem-bound", "mb"),
+    Column("scratch", "scratch", numeric=True),
+]
+MAX_ARGS_TEXT = 200
+
+
+def short_value(index: PhaseIndex, name: str) -> str:
+    known = index.shape.get(name)
+    return name if known is None else f"{name}{fmt_shape(known[0])}"
+
+
+class OpsScreen(SearchMixin, PhaseScreen):
+    MODE = "ops"
+
+    BINDINGS = [*SearchMixin.SEARCH_BINDINGS]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query_filter = Query()
+
+    def compose_body(self) -> ComposeResult:
+        yield Input(placeholder="/ search: primitive, tensor id, layer:N, prim:NAME", id="search")
+        yield Static(id="ops-count")
+        yield VirtualTable(COLUMNS, id="ops")
+        yield Static(id="op-details")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.main_widget().focus()
+
+    def main_widget(self) -> Widget:
+        return self.query_one("#ops", VirtualTable)
+
+    def load_phase(self, index: PhaseIndex) -> None:
+        self.refill()
+
+    def refill(self) -> None:
+        index = self.index
+        if index is None:
+            return
+        ops = op_rows(index, self.query_filter)
+        self.query_one("#ops", VirtualTable).set_rows(
+            [
+                (
+                    str(op.index),
+                    op.primitive,
+                    "" if op.layer is None else str(op.layer),
+                    str(index.slot_of_op.get(op.index, "")),
+                    " ".join(short_value(index, n) for n in op.inputs),
+                    " ".join(short_value(index, n) for n in op.outputs),
+                    "yes" if op.memory_bound else "",
+                    f"{op.scratch:,}" if op.scratch else "",
+                )
+                for op in ops
+            ],
+            [str(op.index) for op in ops],
+        )
+        matched = f" match '{escape(self.query_text)}'" if self.query_text else ""
+        self.query_one("#ops-count", Static).update(
+            f"{len(ops):,} of {len(index.phase.ops):,} ops{matched}"
+        )
+        if not ops:
+            self.query_one("#op-details", Static).update("[dim]no op matches[/dim]")
+
+    def apply_search(self, query: Query) -> None:
+        self.query_filter = query
+        self.refill()
+
+    def on_virtual_table_highlighted(self, event: VirtualTable.Highlighted) -> None:
+        if event.key is not None:
+            self.query_one("#op-details", Static).update(self.op_text(int(event.key)))
+
+    def op_text(self, number: int) -> str:
+        index = self.index
+        assert index is not None
+        op = index.op[number]
+        args = json.dumps(op.args)
+        if len(args) > MAX_ARGS_TEXT:
+            args = args[: MAX_ARGS_TEXT - 1] + "…"
+        head = f"[b]op {op.index} {op.primitive}[/b]  slot {index.slot_of_op.get(op.index)}"
+        if op.layer is not None:
+            head += f"  layer {op.layer}"
+        if op.memory_bound:
+            head += "  memory-bound"
+        if op.scratch:
+            head += f"  scratch {op.scratch:,} B"
+        return "\n".join(
+            [
+                head,
+                "inputs:  " + escape(", ".join(describe_value(index, n) for n in op.inputs)),
+                "outputs: " + escape(", ".join(describe_value(index, n) for n in op.outputs)),
+                "args:    " + escape(args),
+            ]
+        )

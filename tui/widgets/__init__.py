@@ -1,0 +1,1 @@
+"""Widgets of the inspector: slot-time charts (Line API), the envelope bar, navigation bars."""
