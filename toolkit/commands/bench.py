@@ -1,0 +1,235 @@
+"""``dctms bench PLAN --model DIR``: the paper's A/B protocol, plan runner against mlx-lm."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_REPS = 5
+DEFAULT_MAX_TOKENS = 32
+DEFAULT_OUT = "bench-out"
+EXIT_INTERRUPTED = 130
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark the plan runner against mlx-lm's stock generation (paper §3.6)",
+        description=(
+            "Run the five prompt categories P1-P5 R times on two systems in one process — mlx-lm's "
+            "stock generation (generate_step over mlx_lm.utils.load_model) and the dctms runner "
+            "executing PLAN — alternating call by call, greedy. Records wall latency, TTFT, "
+            "tokens, peak RSS (10 ms sampler) and MLX peak per call in OUT/calls.json (rewritten "
+            "atomically after every call), and writes OUT/summary.md (the paper's Tables 2/3 "
+            "layout, per-prompt figures, runner/baseline ratios with bootstrap 95% intervals), "
+            "OUT/summary.json and, with matplotlib, OUT/bench.png and OUT/bench.svg. Ctrl-C "
+            f"keeps the calls completed so far, writes their summary and exits {EXIT_INTERRUPTED}."
+        ),
+    )
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument(
+        "--model", required=True, metavar="DIR", help="model folder the plan was compiled for"
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=DEFAULT_REPS,
+        metavar="R",
+        help=f"repetitions per prompt and system (default {DEFAULT_REPS}; the paper used 50)",
+    )
+    p.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="prompt file (default: plans/prompts/p1-p5.json of this source tree)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="M",
+        help=f"tokens generated per call at most (default {DEFAULT_MAX_TOKENS}, or the plan's M "
+        "if smaller; the paper used 256)",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        metavar="W",
+        help="untimed warm-up calls per system on the first prompt before measuring (default 1)",
+    )
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw the figures")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dctms.runner.load import load_checked_plan, open_model_folder
+    from dctms.schema.errors import DctmsError
+    from dctms.toolkit.benchmark.prompts import (
+        PromptIds,
+        byte_token_ids,
+        check_bounds,
+        default_prompts_file,
+        load_prompts,
+    )
+
+    if args.reps < 1:
+        raise DctmsError(f"--reps must be at least 1, got {args.reps}")
+    if args.warmup < 0:
+        raise DctmsError(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.resamples < 1:
+        raise DctmsError(f"--resamples must be at least 1, got {args.resamples}")
+    plan = load_checked_plan(args.plan)
+    model = open_model_folder(args.model)
+    bounds = plan.bounds
+    max_tokens = args.max_tokens
+    if max_tokens is None:
+        max_tokens = min(DEFAULT_MAX_TOKENS, bounds.output_tokens)
+    if max_tokens < 1:
+        raise DctmsError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if max_tokens > bounds.output_tokens:
+        raise DctmsError(
+            f"--max-tokens {max_tokens} exceeds the plan's M = {bounds.output_tokens}; "
+            "recompile with a larger -M"
+        )
+
+    prompts_path = Path(args.prompts) if args.prompts else default_prompts_file()
+    prompts = load_prompts(prompts_path)
+    tokenizer = None
+    if (model.path / "tokenizer.json").is_file():
+        from dctms.runner.tokenize import Tokenizer
+
+        tokenizer = Tokenizer(model.path)
+        ids = [PromptIds(p, tokenizer.encode(p.text)) for p in prompts]
+        tokenization = f"{model.path / 'tokenizer.json'} (raw text, no chat template)"
+        stop = set() if args.ignore_eos else set(tokenizer.eos_ids)
+    else:
+        vocab = plan.model.vocab_size
+        ids = [PromptIds(p, byte_token_ids(p.text, vocab)) for p in prompts]
+        tokenization = (
+            "no tokenizer.json in the model folder: fixed token-id sequences, each prompt's "
+            f"UTF-8 bytes modulo the vocabulary size ({vocab})"
+        )
+        stop = set()
+    check_bounds(ids, bounds.input_tokens)
+
+    from dctms.toolkit.benchmark.execute import execute
+    from dctms.toolkit.benchmark.progress import ProgressBar
+    from dctms.toolkit.benchmark.protocol import Settings, schedule
+    from dctms.toolkit.benchmark.systems import Baseline, MlxLimits, Runner
+
+    say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    defaults = MlxLimits.capture()  # before the Session sets the plan's limits
+    say(f"loading the runner (plan {args.plan}, weights {model.path}) ...")
+    from dctms.runner.session import Session
+
+    runner = Runner(Session(plan, model))
+    say("loading the baseline (mlx_lm.utils.load_model) ...")
+    baseline = Baseline(model.path, defaults)
+
+    settings = Settings(reps=args.reps, max_tokens=max_tokens, warmup=args.warmup, stop=stop)
+    described = describe_settings(args, plan, model, prompts_path, tokenization, stop, max_tokens)
+    out_dir = Path(args.out)
+    total = len(schedule(len(ids), args.reps))
+    bar = ProgressBar(total, enabled=not args.quiet)
+    outcome, summary, note = execute(
+        [baseline, runner],
+        ids,
+        settings,
+        out_dir,
+        described,
+        resamples=args.resamples,
+        seed=args.seed,
+        progress=bar,
+        figures=not args.no_plot,
+    )
+    if note and not args.no_plot:
+        print(f"dctms bench: {note}", file=sys.stderr)
+    print(headline(summary))
+    written = ["calls.json", "summary.md", "summary.json"]
+    if not note:
+        written += ["bench.png", "bench.svg"]
+    print(f"\nwrote {', '.join(written)} to {out_dir}")
+    if outcome.interrupted:
+        print(
+            f"dctms bench: interrupted after {len(outcome.calls)} of {outcome.planned} calls; "
+            f"partial results in {out_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def describe_settings(
+    args: argparse.Namespace,
+    plan,
+    model,
+    prompts_path: Path,
+    tokenization: str,
+    stop: set[int],
+    max_tokens: int,
+) -> dict:
+    import os
+    import platform
+
+    import mlx.core as mx
+    import psutil
+
+    import dctms
+
+    try:
+        from importlib.metadata import version
+
+        mlx_lm_version = version("mlx-lm")
+    except Exception:  # metadata missing in unusual installs
+        mlx_lm_version = "unknown"
+    b = plan.bounds
+    env = plan.envelope
+    return {
+        "plan": str(args.plan),
+        "model": str(model.path),
+        "bounds": f"N = {b.input_tokens}, M = {b.output_tokens}, prefill chunk {b.prefill_chunk}, "
+        f"{b.dtype}, backend {plan.target.backend}",
+        "reps": args.reps,
+        "max_tokens": max_tokens,
+        "warmup": args.warmup,
+        "prompts_file": str(prompts_path),
+        "decoding": "greedy (argmax) on both systems",
+        "stop": (
+            f"at end-of-sequence ids {sorted(stop)} on both systems"
+            if stop
+            else "none: every call generates max tokens"
+            + (" (--ignore-eos)" if args.ignore_eos else " (no end-of-sequence id known)")
+        ),
+        "tokenization": tokenization + "; identical ids for both systems",
+        "order": "per repetition, per prompt: baseline then runner (the systems alternate call "
+        "by call)",
+        "baseline": f"mlx_lm.generate.generate_step (mlx-lm {mlx_lm_version}) over "
+        "mlx_lm.utils.load_model, its own growing KV cache; MLX's default memory/cache limits "
+        "re-applied before each call",
+        "runner": f"dctms Session.generate (static KV cache for {b.kv_capacity} positions); the "
+        f"plan's limits re-applied before each call (memory {env.provable:,} B = provable M_max, "
+        f"cache {env.intermediate:,} B)",
+        "process": "one process: the baseline model and the runner's weights are both loaded "
+        "(two copies of the weights) for every call of either system",
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, "
+        f"{psutil.virtual_memory().total / 2**30:.1f} GiB RAM, MLX device {mx.default_device()}",
+        "versions": f"python {platform.python_version()}, mlx {mx.__version__}, "
+        f"mlx-lm {mlx_lm_version}, dctms {dctms.__version__}",
+    }
+
+
+def headline(summary: dict) -> str:
+    """The Tables 2/3 block of ``summary.md`` for the terminal."""
+    from dctms.toolkit.benchmark.report import render_markdown
+
+    text = render_markdown(summary)
+    start = text.index("## All prompts")
+    end = text.index("## Per prompt")
+    return text[start:end].rstrip()
