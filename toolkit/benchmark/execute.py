@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dctms.toolkit.benchmark import stats
+from dctms.toolkit.benchmark import systems as systems_mod
 from dctms.toolkit.benchmark.progress import ProgressBar
 from dctms.toolkit.benchmark.prompts import PromptIds
 from dctms.toolkit.benchmark.protocol import (
@@ -19,7 +20,7 @@ from dctms.toolkit.benchmark.protocol import (
     schedule,
 )
 from dctms.toolkit.benchmark.report import summarise, write_summary
-from dctms.toolkit.benchmark.systems import System, measure_call
+from dctms.toolkit.benchmark.systems import System
 
 
 def prompt_entries(prompts: Sequence[PromptIds]) -> list[dict]:
@@ -43,11 +44,13 @@ def execute(
     resamples: int = stats.DEFAULT_RESAMPLES,
     seed: int = stats.DEFAULT_SEED,
     progress: ProgressBar | None = None,
-    measure: Measure = measure_call,
+    measure: Measure | None = None,
     figures: bool = True,
 ) -> tuple[Outcome, dict, str]:
     """Run the protocol into ``out_dir`` and write ``summary.md``/``summary.json`` and the figures
-    for whatever completed. Returns the outcome, the summary and the figures note ("" if written)."""
+    for whatever completed. Returns the outcome, the summary and the figures note ("" if written).
+
+    ``measure`` defaults to ``systems.measure_call``, looked up at call time (a test hook)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     header = {
         "format": FORMAT,
@@ -57,7 +60,9 @@ def execute(
         "prompts": prompt_entries(prompts),
     }
     calls_file = CallsFile(out_dir / CALLS_NAME, header)
-    outcome = run_protocol(systems, prompts, settings, calls_file, progress, measure)
+    outcome = run_protocol(
+        systems, prompts, settings, calls_file, progress, measure or systems_mod.measure_call
+    )
     summary = summarise(calls_file.header, outcome.calls, resamples=resamples, seed=seed)
     names: list[str] = []
     note = "figures not requested (--no-plot)"
