@@ -8,7 +8,8 @@
   layer, because a flat 3,000-op graph is unreadable and takes minutes to lay out.
 
 Only the op graph draws edges between ops; weights and constants are never drawn (700 weight nodes
-would bury the structure), per-call inputs and the KV cache are.
+would bury the structure), per-call inputs and the KV cache are. Labels break lines with Graphviz's
+own ``\\n`` escape, so every statement of a .dot file stays on one line (greppable, diffable).
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def _slot_axis(g: graphviz.Digraph, first: int, last: int, per_slot: float, y: f
     for k, slot in enumerate(t for t in ticks if t >= first):
         g.node(
             f"tick_{k}",
-            label=f"|\n{slot}",
+            label=f"|\\n{slot}",
             shape="plaintext",
             style="",
             fixedsize="false",
@@ -321,7 +322,7 @@ def _flat_graph(
             for op in ops:
                 c.node(
                     f"op{op.index}",
-                    label=f"{op.primitive}\n#{op.index}",
+                    label=f"{op.primitive}\\n#{op.index}",
                     fillcolor="#fdd0a2" if op.memory_bound else "#f0f0f0",
                     tooltip=f"op {op.index} {op.primitive} -> {', '.join(op.outputs)}",
                 )
@@ -338,7 +339,7 @@ def _flat_graph(
                     external.add(name)
                     g.node(
                         name,
-                        label=f"{src.binding_name}\n({src.binding_kind})",
+                        label=f"{src.binding_name}\\n({src.binding_kind})",
                         shape="ellipse",
                         fillcolor="#ffffff",
                     )
@@ -357,7 +358,7 @@ def _outside(g: graphviz.Digraph, seen: set[str], layer: int | None) -> str:
     name = f"outside_{'model' if layer is None else layer}"
     if name not in seen:
         seen.add(name)
-        g.node(name, label=f"{layer_name(layer)}\n(not shown)", style="dashed", shape="box")
+        g.node(name, label=f"{layer_name(layer)}\\n(not shown)", style="dashed", shape="box")
     return name
 
 
@@ -378,7 +379,7 @@ def _flat_outputs(
     for op in selected:
         for t in op.outputs:
             if t in outputs:
-                g.node(f"out_{t}", label=f"{outputs[t].name}\n(output)", shape="ellipse")
+                g.node(f"out_{t}", label=f"{outputs[t].name}\\n(output)", shape="ellipse")
                 g.edge(f"op{op.index}", f"out_{t}", label=shapes.get(t, ""))
             for layer in sorted(readers.get(t, ()), key=lambda x: (x is not None, x or 0)):
                 g.edge(f"op{op.index}", _outside(g, external, layer), label=shapes.get(t, ""))
@@ -405,7 +406,7 @@ def _layer_graph(
         bound = sum(op.memory_bound for op in ops)
         g.node(
             _node_id(name),
-            label=f"{name}\n{len(ops)} ops, {bound} memory-bound",
+            label=f"{name}\\n{len(ops)} ops, {bound} memory-bound",
             fillcolor="#f0f0f0" if name.startswith("layer") else "#dadaeb",
         )
     sources, shapes = _sources(phase), _shapes(phase)
@@ -479,4 +480,4 @@ def _crossing_label(tensors: set[str], shapes: dict[str, str]) -> str:
     if len(top) > 3:
         lines.append(f"+{len(top) - 3} more shapes")
     noun = "tensor" if len(tensors) == 1 else "tensors"
-    return f"{len(tensors)} {noun}\n" + "\n".join(lines)
+    return f"{len(tensors)} {noun}\\n" + "\\n".join(lines)

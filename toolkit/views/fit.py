@@ -152,7 +152,7 @@ def fit_text(summary: dict[str, Any], model: str, cap_reason: str) -> str:
     lines += [
         "",
         f"{summary['compiles']} compiles in {summary['seconds']:.1f} s "
-        "(doubling, then bisection; assumes M_max never shrinks as "
-        f"{letter} grows)",
+        f"({'doubling up to the cap' if summary['capped'] else 'doubling, then bisection'}; "
+        f"assumes M_max never shrinks as {letter} grows)",
     ]
     return "\n".join(lines) + "\n"
