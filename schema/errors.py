@@ -37,3 +37,9 @@ class PlanError(DctmsError):
         first = problems[0] if problems else Problem("$", "invalid plan")
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         super().__init__(first.line(source) + more)
+
+
+class InternalError(DctmsError):
+    """A bug in dctms itself (e.g. the compiler produced a plan its own verifier rejects)."""
+
+    exit_code = 70  # EX_SOFTWARE

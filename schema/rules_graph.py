@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
@@ -202,6 +203,30 @@ def _sync_evaluate(px: PhaseIndex) -> Iterator[Finding]:
     for k, binding in enumerate(px.phase.outputs):
         if binding.id in px.producer and binding.id not in evaluated:
             yield f"{px.path}.outputs[{k}].id", f"output {binding.id!r} is evaluated at no sync point"
+    yield from _crossing_evaluated(px)
+
+
+def _crossing_evaluated(px: PhaseIndex) -> Iterator[Finding]:
+    # A tensor read after the sync point closing its segment must be evaluated there: the runner
+    # evaluates exactly the listed tensors, and anything left lazy would run in the wrong segment.
+    syncs = sorted(sp.slot for sp in px.phase.sync_points)
+    listed = {sp.slot: set(sp.evaluate) for sp in px.phase.sync_points}
+    for position, tensor in enumerate(px.phase.tensors):
+        producer = px.producer.get(tensor.id)
+        slot = px.slot_of.get(producer) if producer is not None else None
+        if slot is None or tensor.kind == "scratch":
+            continue
+        k = bisect.bisect_left(syncs, slot)
+        if k == len(syncs):
+            continue
+        read_later = any(
+            px.slot_of.get(c, -1) > syncs[k] for c in px.consumers.get(tensor.id, [])
+        )
+        if read_later and tensor.id not in listed[syncs[k]]:
+            yield (
+                f"{px.tensor_path(position)}.id",
+                f"{tensor.id!r} is read after the sync point at slot {syncs[k]} but not evaluated there",
+            )
 
 
 def op_layer(ix: PlanIndex) -> Iterator[Finding]:

@@ -203,6 +203,10 @@ def view_root(ix: PlanIndex) -> Iterator[Finding]:
                     )
             elif not px.is_external(t.view_of):
                 yield where, f"names unknown tensor {t.view_of!r}"
+            if t.kind == "state":
+                binding = px.inputs.get(t.view_of)
+                if binding is None or binding.kind != "state":
+                    yield where, "a state tensor must alias the state input binding it updates"
             producer = px.producer.get(t.id)
             if producer is not None and not _reads_root(
                 px, px.phase.ops[producer].inputs, t.view_of

@@ -218,13 +218,19 @@ def _allocated(fn, *inputs) -> int:
     """Bytes MLX really keeps allocated for ``fn(*inputs)`` (inputs already evaluated)."""
     import mlx.core as mx
 
+    import gc
+
     mx.eval(*inputs)
+    # Arrays left by earlier tests may be freed at any time: collect them before measuring.
+    gc.collect()
     mx.synchronize()
     before = mx.get_active_memory()
     out = fn(*inputs)
     mx.eval(out)
     mx.synchronize()
-    return mx.get_active_memory() - before
+    used = mx.get_active_memory() - before
+    del out
+    return used
 
 
 RESHAPE_CASES = [

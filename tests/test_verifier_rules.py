@@ -232,6 +232,22 @@ CASES: list[tuple[str, str, Break]] = [
             ],
         ),
     ),
+    (
+        "sync_points",
+        "a tensor read after the sync point is not evaluated there",
+        lambda p: phase(
+            p,
+            sync_points=[
+                SyncPoint(2, "a", evaluate=["k_out"]),
+                SyncPoint(4, "b", evaluate=["out"]),
+            ],
+        ),
+    ),
+    (
+        "view_root",
+        "state tensor aliasing a non-state input",
+        lambda p: tensor(p, "k_out", view_of="tok"),
+    ),
     ("view_root", "view of an unknown tensor", lambda p: tensor(p, "t1", view_of="t9")),
     ("view_root", "view of itself", lambda p: tensor(p, "t1", view_of="t1")),
     (

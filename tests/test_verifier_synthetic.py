@@ -396,7 +396,18 @@ def test_sync_evaluate_rule_matches_brute_force(graph, seed: int) -> None:
         if not (syncs[k - 1] if k else -1) < made[tid] <= syncs[k]
     )
     never = sum(1 for b in phase.outputs if not any(b.id in e for e in evaluate))
-    assert len(reported) == misplaced + never
+    readers = {}
+    for o in phase.ops:
+        for tid in o.inputs:
+            readers.setdefault(tid, []).append(slot_of[o.index])
+    closing = {tid: min(x for x in syncs if x >= slot) for tid, slot in made.items()}
+    not_evaluated = sum(
+        1
+        for tid, slot in made.items()
+        if any(r > closing[tid] for r in readers.get(tid, []))
+        and tid not in evaluate[syncs.index(closing[tid])]
+    )
+    assert len(reported) == misplaced + never + not_evaluated
 
 
 def _brute_force_overlaps(tensors: list[Tensor]) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 import dctms
-from dctms.schema.errors import DctmsError
+from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256, weights_from_headers
 from dctms.schema.sizes import align_up
 from dctms.schema.types import (
@@ -36,6 +36,7 @@ from dctms.schema.types import (
     Weights,
     WeightTensor,
 )
+from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, analyse
@@ -137,7 +138,7 @@ def compile_plan(
     )
     physical = sum(len(p.buffers) for p in phases)
     quant = config.get("quantization")
-    return Plan(
+    plan = Plan(
         schema_version=SCHEMA_VERSION,
         generator=Generator(dctms.__version__, mx.__version__, _mlx_lm_version()),
         bounds=Bounds(
@@ -181,6 +182,14 @@ def compile_plan(
             lower_bound_bytes=max(p.lower_bound_bytes for p in phases),
         ),
     )
+    # Self-check: a plan the independent verifier rejects is a compiler bug; never emit it.
+    problems = verify_plan(plan)
+    if problems:
+        raise InternalError(
+            f"internal error: the compiled plan fails verification ({len(problems)} problems; "
+            f"first: {problems[0]} [{problems[0].rule}]); please report this with the config"
+        )
+    return plan
 
 
 def _persistent(phases: list[TracedPhase]) -> list[StateTensor]:
