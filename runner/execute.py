@@ -5,14 +5,20 @@ drops its own references to every tensor whose last reader is in that segment --
 buffer right after its interval and can update the KV cache in place -- and calls ``mx.eval`` on
 exactly the sync point's ``evaluate`` list, in order. MLX then runs the segment in the order the
 compiler replayed, which is the plan's slot order.
+
+The first run of a phase goes through ``apply_op``, which checks every output's shape and dtype
+against the plan; shapes are static, so later runs call each primitive's handler directly (the
+per-op Python cost is most of a small model's decode step).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
 
+from dctms.runner import primitives
 from dctms.runner.primitives import apply_op, args_from_json, dtype_from_name
 from dctms.schema.io import from_json_value
 from dctms.schema.types import Phase
@@ -26,6 +32,22 @@ class _Step:
     outputs: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[mx.Dtype, ...]
+    direct: Callable[[list[mx.array]], list[mx.array]]  # the handler, without apply_op's checks
+
+
+def _direct(primitive: str, args: list, shape: tuple[int, ...], dtype: mx.Dtype) -> Callable:
+    if primitive in primitives._CREATION:
+        make = primitives._CREATION[primitive]
+        return lambda xs: [make(args, xs, shape, dtype)]
+    handler = primitives._HANDLERS.get(primitive)
+    if handler is None:  # not executable here: apply_op raises the DctmsError that says so
+        return lambda xs: apply_op(primitive, args, xs, [shape], [dtype])
+
+    def call(xs: list[mx.array]) -> list[mx.array]:
+        out = handler(args, xs)
+        return out if isinstance(out, list) else [out]
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -63,14 +85,15 @@ class PhaseProgram:
         order = sorted(phase.ops, key=lambda op: (slot_of[op.index], op.index))
         for op in order:
             seg = segment_of_slot[slot_of[op.index]]
+            args = args_from_json(op.args, op.primitive)
+            shapes = tuple(tuple(tensors[t].shape) for t in op.outputs)
+            dtypes = tuple(dtype_from_name(tensors[t].dtype) for t in op.outputs)
+            direct = _direct(
+                op.primitive, args, shapes[0] if shapes else (), dtypes[0] if dtypes else mx.float32
+            )
             ops_by_segment[seg].append(
                 _Step(
-                    op.primitive,
-                    args_from_json(op.args, op.primitive),
-                    tuple(op.inputs),
-                    tuple(op.outputs),
-                    tuple(tuple(tensors[t].shape) for t in op.outputs),
-                    tuple(dtype_from_name(tensors[t].dtype) for t in op.outputs),
+                    op.primitive, args, tuple(op.inputs), tuple(op.outputs), shapes, dtypes, direct
                 )
             )
             for t in op.inputs:
@@ -83,6 +106,7 @@ class PhaseProgram:
         for t, seg in last_segment.items():
             if t not in keep and t not in kept_outputs:
                 drops[seg].append(t)
+        self.checked = False  # set after the first run, whose outputs apply_op checked
         self.segments = [
             _Segment(tuple(ops_by_segment[k]), tuple(sorted(drops[k])), tuple(sp.evaluate))
             for k, sp in enumerate(phase.sync_points)
@@ -101,15 +125,14 @@ class PhaseProgram:
                 env[tid] = state.pop(name)
             else:
                 env[tid] = feeds[name]
+        checked = self.checked
         for seg in self.segments:
             for step in seg.steps:
-                outs = apply_op(
-                    step.primitive,
-                    step.args,
-                    [env[t] for t in step.inputs],
-                    step.shapes,
-                    step.dtypes,
-                )
+                inputs = [env[t] for t in step.inputs]
+                if checked:
+                    outs = step.direct(inputs)
+                else:
+                    outs = apply_op(step.primitive, step.args, inputs, step.shapes, step.dtypes)
                 for t, arr in zip(step.outputs, outs, strict=True):
                     env[t] = arr
             for t in seg.drop:
@@ -121,4 +144,5 @@ class PhaseProgram:
                 state[name] = env.pop(tid)
             else:
                 results[name] = env.pop(tid)
+        self.checked = True
         return results
