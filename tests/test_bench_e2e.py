@@ -94,7 +94,8 @@ def test_bench_end_to_end(bench_model, tmp_path: Path, capsys):
     assert ratio["ratio"] == pytest.approx(
         summary["systems"]["runner"]["mean_ms"] / summary["systems"]["baseline"]["mean_ms"]
     )
-    assert ratio["low"] <= ratio["ratio"] <= ratio["high"]
+    # One call per prompt and system: no bootstrap interval (resampling would only repeat it).
+    assert ratio["low"] is None and ratio["high"] is None
     # Greedy on the same weights: the plan runner reproduces mlx-lm's tokens.
     assert all(g["identical"] for g in summary["greedy_agreement"].values())
 

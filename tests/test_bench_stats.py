@@ -137,9 +137,12 @@ def test_bootstrap_single_call_strata():
     run = [_sample([2.0]), _sample([4.0])]
     base = [_sample([1.0]), _sample([2.0])]
     r = stats.bootstrap_ratios(run, base, resamples=100)
-    # One call per stratum: every resample is the data itself.
-    assert r["mean_ms"] == {"ratio": 2.0, "low": 2.0, "high": 2.0}
-    # Per stratum one call: the std of the pooled calls exists, that of a single stratum not.
+    # One call per stratum: resampling would only repeat it, so there is no interval.
+    assert r["mean_ms"] == {"ratio": 2.0, "low": None, "high": None}
+    # The pooled calls have a standard deviation; a single stratum's one call has none.
+    assert r["std_ms"]["ratio"] == pytest.approx(
+        stats.sample_std([2000, 4000]) / stats.sample_std([1000, 2000])
+    )
     single = stats.bootstrap_ratios(run[:1], base[:1], resamples=100)
     assert single["std_ms"] == {"ratio": None, "low": None, "high": None}
     assert single["cv"]["ratio"] is None

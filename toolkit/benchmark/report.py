@@ -24,7 +24,12 @@ def summarise(
     resamples: int = stats.DEFAULT_RESAMPLES,
     seed: int = stats.DEFAULT_SEED,
 ) -> dict:
+    """Figures over the paired calls: a (repetition, prompt) counts once both systems ran it, so
+    both systems' statistics always cover the same prompts (after Ctrl-C the last call may be
+    alone; it stays in ``calls.json`` and is left out here)."""
     prompt_ids = [p["id"] for p in header["prompts"]]
+    all_calls = calls
+    calls = paired(calls)
     groups = {
         (pid, sys): stats.Sample.of([c for c in calls if c["prompt"] == pid and c["system"] == sys])
         for pid in prompt_ids
@@ -53,7 +58,8 @@ def summarise(
     return {
         "format": "dctms-bench-summary/1",
         "status": header.get("status"),
-        "completed_calls": len(calls),
+        "completed_calls": len(all_calls),
+        "paired_calls": len(calls),
         "planned_calls": header.get("planned_calls"),
         "settings": header.get("settings", {}),
         "prompts": header["prompts"],
@@ -68,6 +74,15 @@ def summarise(
         "ratios": ratio,
         "greedy_agreement": agreement(calls, prompt_ids),
     }
+
+
+def paired(calls: Sequence[dict]) -> list[dict]:
+    """The calls whose (repetition, prompt) both systems completed."""
+    seen: dict[tuple, set[str]] = {}
+    for c in calls:
+        seen.setdefault((c.get("rep"), c["prompt"]), set()).add(c["system"])
+    both = {k for k, v in seen.items() if {BASELINE, RUNNER} <= v}
+    return [c for c in calls if (c.get("rep"), c["prompt"]) in both]
 
 
 def agreement(calls: Sequence[dict], prompt_ids: list[str]) -> dict:
@@ -120,6 +135,14 @@ def render_markdown(summary: dict, figures: Sequence[str] = (), figure_note: str
         lines += [
             f"**Partial result ({status})**: {done} of {planned} calls completed; every figure "
             "below covers the completed calls only.",
+            "",
+        ]
+    unpaired = done - summary.get("paired_calls", done)
+    if unpaired:
+        lines += [
+            f"{unpaired} call(s) whose counterpart on the other system did not complete are kept "
+            "in `calls.json` but left out of the statistics, so both systems cover the same "
+            "prompts.",
             "",
         ]
     lines += ["## Settings", ""]

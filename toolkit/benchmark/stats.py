@@ -167,15 +167,18 @@ def bootstrap_ratios(
     """Runner ÷ baseline for every ratio metric: point value and percentile bootstrap interval.
 
     ``runner`` and ``baseline`` are lists of strata (one ``Sample`` per prompt). The point ratio
-    uses ``describe`` on the pooled calls; an interval is ``None`` where a statistic is undefined
-    (e.g. a standard deviation of one call) in more than half of the resamples.
+    uses ``describe`` on the pooled calls. The interval is ``None`` when a stratum holds a single
+    call (resampling one value only repeats it), and where a statistic is undefined (e.g. a
+    baseline standard deviation of zero) in more than half of the resamples.
     """
     if resamples < 1:
         raise ValueError("resamples must be at least 1")
     pooled_r = describe(pool(runner))
     pooled_b = describe(pool(baseline))
     out: dict[str, dict] = {}
+    # An interval needs variation to resample: every stratum present needs two calls or more.
     have = any(len(s) for s in runner) and any(len(s) for s in baseline)
+    have = have and all(len(s) >= 2 for s in (*runner, *baseline) if len(s))
     if have:
         rng = np.random.default_rng(scope_seed(seed, scope))
         rr = _resample(runner, rng, resamples)
