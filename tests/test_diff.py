@@ -270,3 +270,23 @@ def test_thresholds_and_verdict():
     assert not v["ok"] and v["failures"] == [
         "M_max 200 B exceeds the 150 B budget by 50 B (50 bytes)"
     ]
+
+
+def test_labels_name_the_plans(capsys, tiny_pair):
+    old, new = tiny_pair
+    code, out, _ = diff(
+        capsys,
+        "--format",
+        "markdown",
+        "--old-label",
+        "main:plans/tiny.plan",
+        "--new-label",
+        "plans/tiny.plan (this PR)",
+        str(old),
+        str(new),
+    )
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "### dctms plan diff: `main:plans/tiny.plan` → `plans/tiny.plan (this PR)`"
+    )
+    assert out.splitlines()[2] == "**M_max 1,664 → 2,664 bytes (+1000 B, +60.10 %)**"

@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--budget", metavar="SIZE", help="exit 1 when NEW's M_max exceeds SIZE (e.g. 16GiB)"
     )
+    p.add_argument("--old-label", metavar="NAME", help="name OLD in the report (default: its path)")
+    p.add_argument("--new-label", metavar="NAME", help="name NEW in the report (default: its path)")
     p.set_defaults(func=run)
 
 
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     except DctmsError as err:
         raise DctmsError(f"--budget: {err}") from None
     old, new = read_plan(args.old), read_plan(args.new)
-    data = diff_data(old, new, args.old, args.new, thresholds, budget)
+    labels = (args.old_label or args.old, args.new_label or args.new)
+    data = diff_data(old, new, *labels, thresholds, budget)
     if args.format == "json":
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     elif args.format == "markdown":

@@ -273,10 +273,10 @@ def _short(v: Any) -> str:
     return _num(v)
 
 
-def _headline(data: dict[str, Any]) -> str:
+def _headline(data: dict[str, Any], arrow: str = "->") -> str:
     v = data["verdict"]
     return (
-        f"M_max {_num(v['m_max_old'])} -> {_num(v['m_max_new'])} bytes "
+        f"M_max {_num(v['m_max_old'])} {arrow} {_num(v['m_max_new'])} bytes "
         f"({_signed_bytes(v['m_max_delta'])}, "
         f"{_signed_pct(_percent(v['m_max_old'], v['m_max_delta']))})"
     )
@@ -325,7 +325,7 @@ def diff_markdown(data: dict[str, Any]) -> str:
     out = [
         f"### dctms plan diff: `{data['old']}` → `{data['new']}`",
         "",
-        f"**{_headline(data)}**",
+        f"**{_headline(data, '→')}**",
         "",
         "| memory envelope | old (bytes) | new (bytes) | Δ bytes | Δ MiB | Δ % |",
         "|---|---:|---:|---:|---:|---:|",
