@@ -317,7 +317,7 @@ def buffer_rows(index: PhaseIndex, query: Query = Query()) -> list[Row]:
             Bar(t.interval[0], t.interval[1], t.id, buffer.id, shade=i % 2)
             for i, t in enumerate(tenants)
         )
-        label = f"buf {buffer.id:<4} {fmt_size(buffer.bytes):>11} {len(tenants):>4} tenants"
+        label = f"buf {buffer.id:<3} {fmt_size(buffer.bytes):>9} {len(tenants):>3} tenants"
         rows.append(Row(f"buffer {buffer.id}", label, bars, buffer.id))
     return rows
 

@@ -13,12 +13,12 @@ KEYS = [
     ("Screens", ""),
     ("1 … 7", "Overview, Memory, Lifetimes, Buffers, Schedule, Ops, Diff (diff mode only)"),
     ("tab / shift+tab", "next / previous screen"),
-    ("ctrl+p", "command palette: every screen, phase and toggle by name"),
+    ("ctrl+p", "command palette: every screen and phase by name"),
     ("p", "next phase (prefill, decode, …) on the per-phase screens"),
     ("?", "this help;  q: quit"),
     ("Charts (Memory, Lifetimes, Buffers)", ""),
     ("+ / -", "zoom the slot axis in / out;  f: fit every slot"),
-    ("← → / h l", "pan along the slots"),
+    ("← → / h l", "pan along the slots (in tables: scroll the columns)"),
     ("↑ ↓ / k j", "move the row cursor; pgup/pgdn, home/end"),
     ("b", "Lifetimes: one row per tensor ⇄ one row per buffer"),
     ("[ ]  m", "Memory: step the inspected slot; back to the peak"),
@@ -36,15 +36,20 @@ class HelpScreen(ModalScreen[None]):
     ]
 
     def compose(self) -> ComposeResult:
-        table = Table(title="dctms-tui keys", box=None, padding=(0, 2), show_header=False)
-        table.add_column(style="bold")
-        table.add_column()
+        sections: list[Table] = []
         for key, what in KEYS:
-            if what:
-                table.add_row(key, what)
+            if not what:  # a section heading starts a new table
+                sections.append(
+                    Table(
+                        title=key, title_justify="left", box=None, show_header=False, padding=(0, 2)
+                    )
+                )
+                sections[-1].add_column(style="bold", min_width=16, no_wrap=True)
+                sections[-1].add_column()
             else:
-                table.add_row("", "")
-                table.add_row(f"[u]{key}[/u]", "")
+                sections[-1].add_row(key, what)
         with VerticalScroll(id="help"):
-            yield Static(table)
+            yield Static("[b]dctms-tui keys[/b]")
+            for table in sections:
+                yield Static(table, classes="help-section")
             yield Static("[dim]escape, ? or q closes this page[/dim]")

@@ -51,7 +51,7 @@ class MemoryScreen(PhaseScreen):
         self.query_one("#memory-summary", Static).update(
             f"[b]peak {fmt_bytes(peak)}[/b] at slot {slot} │ [#e5c07b]── arena[/] "
             f"{phase.arena_bytes:,} B │ [#98c379]╌╌ lower bound[/] {bound:,} B │ "
-            f"arena / bound {ratio}"
+            f"ratio {ratio}"
         )
         self.query_one(MemoryCurve).set_curve(index.curve, phase.arena_bytes, bound)
         self.show_slot(slot)

@@ -24,8 +24,8 @@ SLOT_COLUMNS = [
 SYNC_COLUMNS = [
     Column("slot", "slot", numeric=True),
     Column("reason", "reason"),
-    Column("evaluates", "n", numeric=True),
-    Column("tensors", "tensors"),
+    Column("#eval", "n", numeric=True),
+    Column("tensors", "tensors", max_width=32),
 ]
 MAX_OPS_TEXT = 48  # characters of a slot's op list in the table; the details show every op
 

@@ -134,5 +134,6 @@ class Gantt(TimeChart):
                 cells[c] = (char, style)
         base = self.rich_style
         if row == self.cursor:
-            base = base + self.get_component_rich_style("timechart--cursor", partial=True)
+            # The cursor's (theme-blended) background; bars keep their buffer colour.
+            base = base + Style(bgcolor=self.get_component_rich_style("timechart--cursor").bgcolor)
         return cells_to_strip(cells, base)

@@ -140,7 +140,8 @@ class MemoryCurve(TimeChart):
         bound_row = self._level_row(self.lower_bound, rows)
         slot_column = self.columns_of(self.slot, self.slot)[0]
         peak_column = self.columns_of(self.peak_slot, self.peak_slot)[0]
-        cursor = self.get_component_rich_style("timechart--cursor", partial=True)
+        # Only the background: the bar keeps its own colour in the inspected column.
+        cursor = Style(bgcolor=self.get_component_rich_style("timechart--cursor").bgcolor)
         limit = self.total_cells
         cells: list[tuple[str, Style]] = []
         for column in range(c0, c1):

@@ -213,12 +213,12 @@ class VirtualTable(ScrollView, can_focus=True):
             if row >= len(self.rows):
                 return Strip.blank(width, self.rich_style)
             text = self._line(self.rows[row])
-            line_style = self.rich_style
+            # Non-partial component styles: their translucent backgrounds come blended.
             if row == self.cursor:
-                line_style = line_style + self.get_component_rich_style(
-                    "table--cursor", partial=True
-                )
+                line_style = self.get_component_rich_style("table--cursor")
             elif row % 2:
-                line_style = line_style + self.get_component_rich_style("table--odd", partial=True)
+                line_style = self.get_component_rich_style("table--odd")
+            else:
+                line_style = self.rich_style
         strip = Strip([Segment(text, line_style)])
         return strip.crop_extend(x, x + width, line_style)
