@@ -123,6 +123,15 @@ def test_graph_is_collapsed_to_layers_by_default(tmp_path, capsys, plan, decode)
     assert "next_token (output)" in source
 
 
+def test_graph_large_range_is_collapsed_with_stand_ins(tmp_path, capsys):
+    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "graph", "--layers", "0-9")
+    assert code == 0 and "one node per layer" in err  # 800 ops
+    nodes = dot_nodes(out.read_text())
+    assert {f"g_layer_{i}" for i in range(10)} <= nodes
+    assert {"g_layer_10__not_shown_", "g_model__before_layers___not_shown_"} <= nodes
+    assert not {"g_layer_11", "g_inputs", "g_model__before_layers_"} & nodes
+
+
 def test_graph_layers_range_is_flat_and_clustered(tmp_path, capsys, decode):
     code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "graph", "--layers", "3-4")
     assert code == 0 and err == ""

@@ -11,8 +11,12 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dctms.schema.errors import DctmsError
+
+if TYPE_CHECKING:
+    import graphviz
 
 SOURCE_SUFFIXES = (".dot", ".gv")
 RENDER_SUFFIXES = (".svg", ".png", ".pdf")
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(graph, fmt: str) -> bytes:
+def _render(graph: graphviz.Digraph, fmt: str) -> bytes:
     import graphviz
 
     try:

@@ -10,8 +10,12 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from dctms.schema.errors import DctmsError
+
+if TYPE_CHECKING:
+    from dctms.schema.types import Plan
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
     start = time.perf_counter()
-    best: dict[str, object] = {}  # the largest plan that fits, so it is not compiled twice
+    fitting: dict[int, Plan] = {}  # the largest plan that fits, so it is not compiled twice
 
     def measure(value: int) -> int:
         n, m = (value, fixed) if search_n else (fixed, value)
@@ -93,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
         )
         plan = compile_plan(source, opts)
         total = plan.envelope.total
-        if total <= budget and value >= int(best.get("value", 0)):
-            best.update(value=value, plan=plan)
+        if total <= budget and value > max(fitting, default=0):
+            fitting.clear()
+            fitting[value] = plan
         if not args.quiet:
             verdict = "fits" if total <= budget else f"over by {human(total - budget)}"
             print(
@@ -118,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             doc = {"value": None, "budget": budget, "m_max_at_1": first.total, "shortfall": short}
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 1
-    plan = best["plan"]
+    plan = fitting[result.best]
     summary = fit_summary(result, plan, "input_tokens" if search_n else "output_tokens", elapsed)
     if args.output:
         write_plan(plan, args.output)

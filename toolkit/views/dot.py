@@ -418,15 +418,15 @@ def _layer_graph(
                 continue  # weights, constants, KV cache
             tail = "inputs" if src.op is None else group[src.op.index]
             head = group[op.index]
-            inside_tail = src.op is None or src.op.index in chosen
-            if tail == head or not (inside_tail or op.index in chosen):
+            head_in = op.index in chosen
+            # Phase inputs are drawn only where a selected op reads them.
+            tail_in = head_in if src.op is None else src.op.index in chosen
+            if tail == head or not (tail_in or head_in):
                 continue
-            if not (op.index in chosen and inside_tail):
-                # One end outside the selection: a dashed stand-in for that group.
-                if op.index in chosen:
-                    tail = f"{tail} (not shown)"
-                else:
-                    head = f"{head} (not shown)"
+            if not tail_in:  # one end outside the selection: a dashed stand-in for its group
+                tail = f"{tail} (not shown)"
+            elif not head_in:
+                head = f"{head} (not shown)"
             crossing[(tail, head)].add(t)
     outputs = {b.id: b.name for b in phase.outputs if b.kind == "output"}
     for op in selected:
