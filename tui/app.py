@@ -10,12 +10,12 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.reactive import reactive
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 
 from dctms.schema.errors import DctmsError
 from dctms.schema.io import read_plan
@@ -102,8 +102,6 @@ class InspectorApp(App[int]):
             self.action_show("diff")
 
     def action_cycle_screen(self, step: int) -> None:
-        if isinstance(self.screen, HelpScreen):
-            return
         modes = self.modes
         current = modes.index(self.current_mode) if self.current_mode in modes else 0
         self.switch_mode(modes[(current + step) % len(modes)])
@@ -131,6 +129,9 @@ class InspectorApp(App[int]):
         # "p" only does something (and only shows in the footer) on the per-phase screens.
         if action == "next_phase":
             return isinstance(self.screen, PhaseScreen) and len(self.session.plan.phases) > 1
+        if action in ("cycle_screen", "show_number", "help"):
+            # Not over the help page or the command palette: keys go to them.
+            return not isinstance(self.screen, ModalScreen)
         return True
 
     # ------------------------------------------------------------------------ command palette
@@ -149,10 +150,10 @@ class InspectorApp(App[int]):
         yield SystemCommand("Keys: help", "every key of the inspector (?)", self.action_help)
         yield from super().get_system_commands(screen)
 
-    def _show(self, mode: str):
+    def _show(self, mode: str) -> Callable[[], None]:
         return lambda: self.action_show(mode)
 
-    def _phase(self, number: int):
+    def _phase(self, number: int) -> Callable[[], None]:
         return lambda: self.action_phase(number)
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from dctms.tui.diff import Change, Delta, plan_diff
 from dctms.tui.screens.base import InspectorScreen
+from dctms.tui.widgets.scroll import PageScroll
 
 CHANGED = "bold #e5c07b"
 
@@ -75,7 +75,7 @@ class DiffScreen(InspectorScreen):
         session = self.session
         assert session.old is not None and session.old_path is not None
         diff = plan_diff(session.old, session.plan)
-        with VerticalScroll(id="diff"):
+        with PageScroll(id="diff"):
             yield Static(
                 f"[b]{session.old_path}[/b] → [b]{session.path}[/b]: {diff.changed} figure(s) differ"
                 "   [dim](other screens show the new plan)[/dim]",

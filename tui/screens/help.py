@@ -5,9 +5,10 @@ from __future__ import annotations
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from dctms.tui.widgets.scroll import PageScroll
 
 KEYS = [
     ("Screens", ""),
@@ -48,7 +49,7 @@ class HelpScreen(ModalScreen[None]):
                 sections[-1].add_column()
             else:
                 sections[-1].add_row(key, what)
-        with VerticalScroll(id="help"):
+        with PageScroll(id="help"):
             yield Static("[b]dctms-tui keys[/b]")
             for table in sections:
                 yield Static(table, classes="help-section")

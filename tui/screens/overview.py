@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from rich.table import Table
 from textual.app import ComposeResult
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal
 from textual.widgets import Static
 
 from dctms.tui.data import arena_rows, bounds_rows, table1
 from dctms.tui.screens.base import InspectorScreen
 from dctms.tui.widgets.envelope_bar import EnvelopeBar
+from dctms.tui.widgets.scroll import PageScroll
 
 
 class OverviewScreen(InspectorScreen):
@@ -18,7 +19,7 @@ class OverviewScreen(InspectorScreen):
     def compose_body(self) -> ComposeResult:
         plan = self.session.plan
         m, g, t = plan.model, plan.generator, plan.target
-        with VerticalScroll(id="overview"):
+        with PageScroll(id="overview"):
             yield Static(
                 f"[b]{m.architecture}[/b], {m.num_layers} layers, {m.weights.count:,} weight tensors, "
                 f"target {t.backend} (alignment {t.alignment})  [dim]schema v{plan.schema_version}; "

@@ -8,6 +8,7 @@ which case one cell summarises several slots); "fit" picks the scale that shows 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from rich.segment import Segment
 from rich.style import Style
@@ -37,6 +38,7 @@ PALETTE = [
 ]
 
 
+@lru_cache(maxsize=1024)  # Style objects are immutable; one per buffer id
 def buffer_style(buffer: int | None) -> Style:
     """Colour of a buffer; views and state (no bytes of their own) are grey."""
     if buffer is None:
