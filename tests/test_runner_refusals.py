@@ -402,3 +402,35 @@ def test_exit_3_when_observed_peak_exceeds_the_envelope(
         assert rc == 0
         assert data["within_envelope"]
         assert "exceeds" not in err
+
+
+def test_text_prompt_needs_a_tokenizer(model, copy_of):
+    plan, _ = model
+    folder = copy_of()
+    (folder / "tokenizer.json").unlink()
+    proc = dctms_run(str(plan), "--model", str(folder), "--prompt", "hello")
+    assert_refused(proc, "no tokenizer.json", "--tokens")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="schema/fingerprint.read_safetensors_header: a header that is JSON but not the "
+    "safetensors layout ends in a traceback (AttributeError/KeyError/ValueError); reported",
+)
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"[1, 2]",
+        b'{"w": {"dtype": "F32"}}',
+        b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": "x"}}',
+    ],
+    ids=["list", "no-offsets", "bad-offsets"],
+)
+def test_malformed_safetensors_header_is_one_line(model, copy_of, header):
+    import struct
+
+    plan, _ = model
+    folder = copy_of()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    proc = dctms_run(str(plan), "--model", str(folder), "--tokens", "1")
+    assert_refused(proc, "model.safetensors")
