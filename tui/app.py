@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -42,7 +43,8 @@ SCREEN_CLASSES: dict[str, type[Screen]] = {
 
 
 class InspectorApp(App[int]):
-    CSS_PATH = "inspector.tcss"
+    # Absolute, so a subclass defined elsewhere (tests, embedding) still finds the stylesheet.
+    CSS_PATH = Path(__file__).with_name("inspector.tcss")
     TITLE = "dctms-tui"
     ENABLE_COMMAND_PALETTE = True
     # Below 110 columns the Overview stacks its tables instead of placing them side by side.
