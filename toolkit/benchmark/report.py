@@ -253,13 +253,17 @@ def render_markdown(summary: dict, figures: Sequence[str] = (), figure_note: str
         "- μ_L mean; σ_L sample standard deviation (n − 1; – for fewer than two calls); "
         "CV_L = σ_L / μ_L; P50/P99 linear interpolation between closest ranks (Hyndman & Fan "
         "type 7, NumPy's default).",
+        "- The all-prompts rows pool prompts of very different lengths, so their σ_L and CV_L "
+        "mostly measure the prompt mix (the same for both systems); the per-prompt CV_L is the "
+        "call-to-call stability of one workload.",
         "- tok/s: generated tokens ÷ summed wall latency (prefill included); decode tok/s: tokens "
         "after the first ÷ (latency − TTFT), summed.",
         "- peak RSS: largest resident-set sample of the whole process (psutil, every 10 ms, plus one "
         "at the start and end of the call). MLX peak: `mx.get_peak_memory()` after "
         "`mx.reset_peak_memory()` before the call. Both systems' weights are loaded in this one "
         "process, so both figures include both models; their differences are the calls' own "
-        "allocations.",
+        "allocations. RSS rarely shrinks (allocator caches), so a group's peak RSS also carries "
+        "what earlier calls left resident.",
         "- Intervals: percentile bootstrap of runner ÷ baseline; each system's calls are resampled "
         "with replacement independently within each prompt (stratified); seeded, so the same "
         "calls give the same intervals.",
