@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from dctms.schema.errors import Problem
 from dctms.schema.paths import json_path
 from dctms.schema.schema_gen import SCHEMA_PATH
+
+if TYPE_CHECKING:  # jsonschema is imported only when a plan is refused (it costs ~0.1 s)
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 RULE = "schema"
 _MAX_SHOWN = 40  # characters of a value quoted in a message
@@ -30,6 +31,8 @@ def plan_schema() -> dict[str, Any]:
 
 @functools.cache
 def _validator() -> Draft202012Validator:
+    from jsonschema import Draft202012Validator
+
     return Draft202012Validator(plan_schema())
 
 
