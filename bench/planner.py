@@ -31,8 +31,10 @@ def bench_plans(repeat: int) -> None:
     from dctms.toolkit.compiler import CompileOptions, compile_plan
     from dctms.toolkit.model_source import load_source
 
-    print(f"{'plan':<34}{'compile s':>10}{'logical':>9}{'buffers':>9}{'reduction':>11}"
-          f"{'arena/LB':>10}{'arena/no-reuse':>16}{'arena/colouring':>17}")
+    print(
+        f"{'plan':<34}{'compile s':>10}{'logical':>9}{'buffers':>9}{'reduction':>11}"
+        f"{'arena/LB':>10}{'arena/no-reuse':>16}{'arena/colouring':>17}"
+    )
     for config in sorted((ROOT / "plans/configs").glob("*.json")):
         src = load_source(config)
         times = []
@@ -46,11 +48,15 @@ def bench_plans(repeat: int) -> None:
             tenants = [t for t in phase.tensors if is_arena_tenant(t)]
             no_reuse = max(no_reuse, sum(align_up(t.bytes, 64) for t in tenants))
             colouring = max(colouring, sum(align_up(b.bytes, 64) for b in phase.buffers))
-        print(f"{config.stem:<34}{min(times):>10.2f}{s.logical_tensors:>9,}{s.physical_buffers:>9,}"
-              f"{s.reduction:>10.2%}{s.arena_bytes / s.lower_bound_bytes:>10.3f}"
-              f"{s.arena_bytes / no_reuse:>16.3f}{s.arena_bytes / colouring:>17.3f}")
-    print(f"{'paper (Qwen2.5, hand-written)':<34}{'':>10}{PAPER_LOGICAL:>9}{PAPER_PHYSICAL:>9}"
-          f"{1 - PAPER_PHYSICAL / PAPER_LOGICAL:>10.2%}")
+        print(
+            f"{config.stem:<34}{min(times):>10.2f}{s.logical_tensors:>9,}{s.physical_buffers:>9,}"
+            f"{s.reduction:>10.2%}{s.arena_bytes / s.lower_bound_bytes:>10.3f}"
+            f"{s.arena_bytes / no_reuse:>16.3f}{s.arena_bytes / colouring:>17.3f}"
+        )
+    print(
+        f"{'paper (Qwen2.5, hand-written)':<34}{'':>10}{PAPER_LOGICAL:>9}{PAPER_PHYSICAL:>9}"
+        f"{1 - PAPER_PHYSICAL / PAPER_LOGICAL:>10.2%}"
+    )
 
 
 def bench_assigner(n: int) -> None:
@@ -72,8 +78,10 @@ def bench_assigner(n: int) -> None:
     _, arena = assign.pack(intervals, sizes, 64, floor=lower)
     t3 = time.perf_counter()
     print(f"\nsynthetic {n:,} intervals over {slots:,} slots")
-    print(f"  colouring   {t1 - t0:7.2f} s  -> {len(buffer_size):,} buffers "
-          f"({1 - len(buffer_size) / n:.2%} reduction)")
+    print(
+        f"  colouring   {t1 - t0:7.2f} s  -> {len(buffer_size):,} buffers "
+        f"({1 - len(buffer_size) / n:.2%} reduction)"
+    )
     print(f"  lower bound {t2 - t1:7.2f} s")
     print(f"  packing     {t3 - t2:7.2f} s  -> arena / lower bound = {arena / lower:.3f}")
 

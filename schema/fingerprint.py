@@ -51,7 +51,6 @@ def canonical_config_sha256(config: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-
 def layout_sha256(tensors: list[tuple[str, list[int] | tuple[int, ...], str]]) -> str:
     """sha256 over the sorted (name, shape, dtype) list: the weights' layout, not their values."""
     rows = sorted((name, list(shape), dtype) for name, shape, dtype in tensors)
@@ -74,16 +73,34 @@ def read_safetensors_header(path: Path) -> list[HeaderTensor]:
         raise DctmsError(f"{path}: cannot read: {err.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise DctmsError(f"{path}: not a safetensors file (bad header)") from None
-    tensors = []
-    for name, entry in sorted(header.items()):
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype", ""))
-        if dtype is None:
-            raise DctmsError(f"{path}: tensor {name} has unsupported dtype {entry.get('dtype')}")
-        begin, end = entry["data_offsets"]
-        tensors.append(HeaderTensor(name, tuple(entry["shape"]), dtype, end - begin, path.name))
-    return tensors
+    if not isinstance(header, dict):
+        raise DctmsError(f"{path}: not a safetensors file (header is not a JSON object)")
+    return [
+        _header_tensor(path, name, entry)
+        for name, entry in sorted(header.items())
+        if name != "__metadata__"
+    ]
+
+
+def _header_tensor(path: Path, name: str, entry: object) -> HeaderTensor:
+    """One header entry, checked: a malformed entry is a one-line error, never a traceback."""
+    bad = DctmsError(f"{path}: not a safetensors file (bad entry for tensor {name})")
+    if not isinstance(entry, dict):
+        raise bad
+    dtype = _SAFETENSORS_DTYPES.get(str(entry.get("dtype", "")))
+    if dtype is None:
+        raise DctmsError(f"{path}: tensor {name} has unsupported dtype {entry.get('dtype')}")
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise bad
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
+        raise bad
+    return HeaderTensor(name, tuple(shape), dtype, offsets[1] - offsets[0], path.name)
 
 
 def weights_from_headers(files: tuple[Path, ...]) -> list[HeaderTensor]:

@@ -216,9 +216,9 @@ def test_run_ahead_window_is_mlx_s() -> None:
 
 def _allocated(fn, *inputs) -> int:
     """Bytes MLX really keeps allocated for ``fn(*inputs)`` (inputs already evaluated)."""
-    import mlx.core as mx
-
     import gc
+
+    import mlx.core as mx
 
     mx.eval(*inputs)
     # Arrays left by earlier tests may be freed at any time: collect them before measuring.
@@ -266,3 +266,10 @@ def test_reshape_prediction_matches_mlx(shape, perm, target) -> None:
     nbytes = 4 * int(math.prod(shape))
     assert real in (0, nbytes)
     assert predicted == ("view" if real == 0 else "alloc"), f"MLX allocated {real} bytes"
+
+
+def test_compile_cli_lists_every_target_profile() -> None:
+    from dctms.toolkit.commands.compile import PROFILE_NAMES
+    from dctms.toolkit.profiles import PROFILES
+
+    assert sorted(PROFILE_NAMES) == sorted(PROFILES)

@@ -412,11 +412,6 @@ def test_text_prompt_needs_a_tokenizer(model, copy_of):
     assert_refused(proc, "no tokenizer.json", "--tokens")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="schema/fingerprint.read_safetensors_header: a header that is JSON but not the "
-    "safetensors layout ends in a traceback (AttributeError/KeyError/ValueError); reported",
-)
 @pytest.mark.parametrize(
     "header",
     [

@@ -6,11 +6,10 @@ import argparse
 import sys
 import time
 
-from dctms.schema.io import encode_plan, write_plan
-from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.model_source import load_source
-from dctms.toolkit.profiles import PROFILES
 from dctms.toolkit.sizes import human, parse_size
+
+# Known target profiles, listed here so `--help` needs no compiler import (a test keeps them equal).
+PROFILE_NAMES = ("apple-m4-16gb", "cpu-x86-2core")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--backend", choices=["cpu", "gpu"], help="MLX device (default: MLX's default)")
     p.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
-    p.add_argument("--profile", choices=sorted(PROFILES), help="roofline target profile")
+    p.add_argument("--profile", choices=PROFILE_NAMES, help="roofline target profile")
     p.add_argument(
         "--hash-weights",
         action="store_true",
@@ -58,6 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The compiler (mlx.nn, numpy, mlx-lm) is imported here, not at parse time, so other
+    # subcommands -- `dctms run` above all -- never load it.
+    from dctms.schema.io import encode_plan, write_plan
+    from dctms.toolkit.compiler import CompileOptions, compile_plan
+    from dctms.toolkit.model_source import load_source
+
     start = time.perf_counter()
 
     show = not args.quiet and (args.progress or sys.stderr.isatty())
