@@ -5,7 +5,7 @@
 * ``buffers``: the interval colouring: each physical buffer with the tensors that reuse it.
 * ``graph``: the op graph, clustered by decoder layer (``Op.layer``; None = the "model" cluster),
   edges labelled with the shape that flows along them. Large selections are collapsed to one node per
-  layer, because a flat 3,000-op graph is unreadable and takes minutes to lay out.
+  layer: a flat 3,000-op graph is unreadable and took Graphviz about two CPU-minutes to lay out.
 
 Only the op graph draws edges between ops; weights and constants are never drawn (700 weight nodes
 would bury the structure), per-call inputs and the KV cache are. Labels break lines with Graphviz's
