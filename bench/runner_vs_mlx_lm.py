@@ -79,7 +79,11 @@ def prepare(args: argparse.Namespace) -> tuple[Path, Path, dict]:
         write_tiny_model(folder, config, seed=0, tokenizer=False)
     plan = compile_plan(
         load_source(folder),
-        CompileOptions(input_tokens=args.prompt_tokens, output_tokens=args.tokens),
+        CompileOptions(
+            input_tokens=args.prompt_tokens,
+            output_tokens=args.tokens,
+            sync_every=args.sync_every,
+        ),
     )
     plan_path = folder / f"n{args.prompt_tokens}-m{args.tokens}.plan"
     write_plan(plan, plan_path)
@@ -113,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--dir", type=Path, help="model folder (default: ~/.cache/dctms/bench-...)")
+    p.add_argument(
+        "--sync-every", type=int, default=0, help="decoder layers per plan segment (0: phase end)"
+    )
     p.add_argument(
         "--json",
         type=Path,

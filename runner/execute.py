@@ -113,10 +113,18 @@ class PhaseProgram:
         ]
 
     def run(
-        self, feeds: dict[str, mx.array], weights: dict[str, mx.array], state: dict[str, mx.array]
+        self,
+        feeds: dict[str, mx.array],
+        weights: dict[str, mx.array],
+        state: dict[str, mx.array],
+        wait: bool = True,
     ) -> dict[str, mx.array]:
         """Run the phase. ``state`` entries are *moved* in (so MLX may update them in place) and the
-        updated arrays are put back; returns the phase outputs of kind ``output`` by name."""
+        updated arrays are put back; returns the phase outputs of kind ``output`` by name.
+
+        Feeds and state may still be computing (the previous call's results): the first segment's
+        graph is built meanwhile and evaluated only once they are done. With ``wait=False`` the call
+        returns while its last segment computes, so the caller can build the next call."""
         env: dict[str, mx.array] = dict(self.constants)
         for tid, kind, name in self.inputs:
             if kind == "weight":
@@ -126,7 +134,13 @@ class PhaseProgram:
             else:
                 env[tid] = feeds[name]
         checked = self.checked
+        # Whatever a previous call left computing must finish before this call evaluates anything.
+        pending: list[mx.array] | None = [
+            env[tid] for tid, kind, _ in self.inputs if kind != "weight"
+        ]
         for seg in self.segments:
+            # Building this segment's graph allocates nothing, so it overlaps the previous
+            # segment's computation; its evaluation starts only once that one has drained.
             for step in seg.steps:
                 inputs = [env[t] for t in step.inputs]
                 if checked:
@@ -137,7 +151,12 @@ class PhaseProgram:
                     env[t] = arr
             for t in seg.drop:
                 env.pop(t, None)
-            mx.eval([env[t] for t in seg.evaluate])
+            if pending is not None:
+                mx.eval(pending)  # the sync point: everything of the previous segment is done
+            pending = [env[t] for t in seg.evaluate]
+            mx.async_eval(pending)
+        if wait and pending is not None:
+            mx.eval(pending)
         results: dict[str, mx.array] = {}
         for tid, kind, name in self.outputs:
             if kind == "state":

@@ -105,27 +105,44 @@ class Session:
         check_token_ids(self.plan, prompt)
         stop = stop or set()
         start = time.perf_counter()
-        token = self._prefill(prompt)
+        token_array = self._prefill(prompt)
+        token = int(token_array.item())
         gen = Generation([token], time.perf_counter() - start)
         position = len(prompt)
-        while len(gen.tokens) < max_tokens and token not in stop:
-            t0 = time.perf_counter()
-            out = self.decode.run(
-                {
-                    "tokens": mx.array([[token]], dtype=mx.int32),
-                    "position": mx.array(position, dtype=mx.int32),
-                },
-                self.weights,
-                self.state,
-            )
-            token = int(out["next_token"].item())
-            gen.token_latencies_s.append(time.perf_counter() - t0)
-            gen.tokens.append(token)
+        # Pipelined like mlx-lm's generate_step: step t+1 is built while step t computes, fed
+        # with step t's next_token array; the host reads each token as it becomes available.
+        inflight = None
+        if len(gen.tokens) < max_tokens and token not in stop:
+            inflight = self._decode(token_array, position)
+        t0 = time.perf_counter()
+        while inflight is not None:
             position += 1
+            more = len(gen.tokens) + 1 < max_tokens
+            following = self._decode(inflight, position) if more else None
+            token = int(inflight.item())
+            now = time.perf_counter()
+            gen.token_latencies_s.append(now - t0)
+            t0 = now
+            gen.tokens.append(token)
+            if token in stop and following is not None:
+                mx.eval(following)  # let the step already launched finish; its token is dropped
+                following = None
+            inflight = following
         return gen
 
-    def _prefill(self, prompt: list[int]) -> int:
-        token = -1
+    def _decode(self, token: mx.array, position: int) -> mx.array:
+        out = self.decode.run(
+            {"tokens": token, "position": mx.array(position, dtype=mx.int32)},
+            self.weights,
+            self.state,
+            wait=False,
+        )
+        return out["next_token"]
+
+    def _prefill(self, prompt: list[int]) -> mx.array:
+        """The prompt in ``prefill_chunk`` pieces, each built while the previous one computes;
+        returns the last chunk's next_token array (evaluated)."""
+        out: dict[str, mx.array] = {}
         for start in range(0, len(prompt), self.chunk):
             piece = prompt[start : start + self.chunk]
             padded = piece + [0] * (self.chunk - len(piece))
@@ -137,6 +154,8 @@ class Session:
                 },
                 self.weights,
                 self.state,
+                wait=False,
             )
-            token = int(out["next_token"].item())
+        token = out["next_token"]
+        mx.eval(token)
         return token

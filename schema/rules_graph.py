@@ -197,12 +197,18 @@ def _sync_evaluate(px: PhaseIndex) -> Iterator[Finding]:
             if slot is None:
                 yield where, f"{tensor_id!r} is not made by any scheduled op"
             elif not previous < slot <= sp.slot:
-                yield where, f"{tensor_id!r} is made in slot {slot}, not between slots {previous + 1} and {sp.slot}"
+                yield (
+                    where,
+                    f"{tensor_id!r} is made in slot {slot}, not between slots {previous + 1} and {sp.slot}",
+                )
             evaluated.add(tensor_id)
         previous = sp.slot
     for k, binding in enumerate(px.phase.outputs):
         if binding.id in px.producer and binding.id not in evaluated:
-            yield f"{px.path}.outputs[{k}].id", f"output {binding.id!r} is evaluated at no sync point"
+            yield (
+                f"{px.path}.outputs[{k}].id",
+                f"output {binding.id!r} is evaluated at no sync point",
+            )
     yield from _crossing_evaluated(px)
 
 
@@ -219,9 +225,7 @@ def _crossing_evaluated(px: PhaseIndex) -> Iterator[Finding]:
         k = bisect.bisect_left(syncs, slot)
         if k == len(syncs):
             continue
-        read_later = any(
-            px.slot_of.get(c, -1) > syncs[k] for c in px.consumers.get(tensor.id, [])
-        )
+        read_later = any(px.slot_of.get(c, -1) > syncs[k] for c in px.consumers.get(tensor.id, []))
         if read_later and tensor.id not in listed[syncs[k]]:
             yield (
                 f"{px.tensor_path(position)}.id",

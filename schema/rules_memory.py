@@ -14,6 +14,7 @@ from dctms.schema.sizes import (
     lower_bound_bytes,
     nbytes,
     num_elements,
+    slack_bytes,
 )
 from dctms.schema.types import Tensor
 
@@ -143,7 +144,10 @@ def scratch(ix: PlanIndex) -> Iterator[Finding]:
                 continue
             position = px.producer.get(t.id)
             if position is None:
-                yield f"{px.tensor_path(i)}.id", f"{t.id!r} names no op (expected scratch.<op index>)"
+                yield (
+                    f"{px.tensor_path(i)}.id",
+                    f"{t.id!r} names no op (expected scratch.<op index>)",
+                )
                 continue
             op = px.phase.ops[position]
             have.add(position)
@@ -364,4 +368,10 @@ def arena_bounds(ix: PlanIndex) -> Iterator[Finding]:
             yield (
                 f"{px.path}.lower_bound_bytes",
                 f"lower bound {phase.lower_bound_bytes} exceeds arena_bytes {phase.arena_bytes}",
+            )
+        slack = slack_bytes(phase.tensors, px.num_slots, ix.plan.target.allocator_slack)
+        if phase.slack_bytes != slack:
+            yield (
+                f"{px.path}.slack_bytes",
+                f"{phase.slack_bytes}, but cache reuse can add up to {slack} bytes to the live tenants",
             )

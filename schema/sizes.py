@@ -79,3 +79,22 @@ def lower_bound_bytes(tensors: Iterable[Tensor], num_slots: int, alignment: int)
         live += change
         best = max(best, live)
     return best
+
+
+def slack_bytes(tensors: Iterable[Tensor], num_slots: int, allocator_slack: int) -> int:
+    """Max over slots of what cache reuse can add to the live tenants: sum of min(bytes, slack)."""
+    if allocator_slack <= 0:
+        return 0
+    delta = [0] * (num_slots + 1)
+    for tensor in tensors:
+        iv = tensor.interval
+        if not is_arena_tenant(tensor) or len(iv) != 2 or not 0 <= iv[0] <= iv[1] < num_slots:
+            continue
+        extra = min(tensor.bytes, allocator_slack)
+        delta[iv[0]] += extra
+        delta[iv[1] + 1] -= extra
+    best = live = 0
+    for change in delta:
+        live += change
+        best = max(best, live)
+    return best

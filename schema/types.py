@@ -87,7 +87,9 @@ class Weights(_Base):
     total_bytes: ByteCount
     layout_sha256: Sha256  # sha256 of the canonical (name, shape, dtype) list
     tensors: list[WeightTensor]
-    files_sha256: dict[Name, Sha256] | None = None  # per safetensors file, when weights were present
+    files_sha256: dict[Name, Sha256] | None = (
+        None  # per safetensors file, when weights were present
+    )
 
 
 class ModelInfo(_Base):
@@ -117,6 +119,9 @@ class Target(_Base):
     # CPU backend: encoder dispatches the host may run ahead of the worker thread; lifetimes are
     # widened by it (see dctms.toolkit.lifetimes). 0 means the plan assumes no run-ahead.
     run_ahead_dispatches: Int = 0
+    # The allocator may hand a request of S bytes a cached buffer up to min(S, allocator_slack) bytes
+    # larger and then counts its whole size (MLX's BufferCache: < min(2 S, S + 2 pages)).
+    allocator_slack: Int = 0
 
 
 class StateTensor(_Base):
@@ -209,6 +214,9 @@ class Phase(_Base):
     sync_points: list[SyncPoint]
     arena_bytes: ByteCount
     lower_bound_bytes: ByteCount
+    # Most bytes the allocator's cache reuse can add at once: max over slots of the sum over live
+    # arena tenants of min(bytes, target.allocator_slack). M_intermediate covers arena + slack.
+    slack_bytes: ByteCount = 0
 
 
 class Envelope(_Base):

@@ -264,7 +264,8 @@ def test_reshape_prediction_matches_mlx(shape, perm, target) -> None:
 
     real = _allocated(fn, x)
     nbytes = 4 * int(math.prod(shape))
-    assert real in (0, nbytes)
+    # A copy may land in a cached buffer up to min(S, 8 KiB) larger (the plan's allocator slack).
+    assert real == 0 or nbytes <= real < nbytes + min(nbytes, 8192)
     assert predicted == ("view" if real == 0 else "alloc"), f"MLX allocated {real} bytes"
 
 

@@ -248,6 +248,16 @@ CASES: list[tuple[str, str, Break]] = [
         "state tensor aliasing a non-state input",
         lambda p: tensor(p, "k_out", view_of="tok"),
     ),
+    (
+        "arena_bounds",
+        "allocator slack not recomputed",
+        lambda p: phase(replace(p, target=replace(p.target, allocator_slack=8)), slack_bytes=0),
+    ),
+    (
+        "envelope_sum",
+        "intermediate without the phase's slack",
+        lambda p: phase(p, slack_bytes=16),
+    ),
     ("view_root", "view of an unknown tensor", lambda p: tensor(p, "t1", view_of="t9")),
     ("view_root", "view of itself", lambda p: tensor(p, "t1", view_of="t1")),
     (

@@ -1,8 +1,8 @@
 """Pass 4, schedule: execution order, segments between sync points, and concurrent slots.
 
 * Order: the order MLX really runs the graph in (``order.mlx_eval_order``), per segment.
-* Sync points: the host evaluates at the end of every decoder layer and at the end of the phase
-  (the next token goes to the host). Each sync point lists the tensors ``mx.eval`` receives, in
+* Sync points: the host evaluates at the end of the phase (the next token goes to the host) and,
+  with ``sync_every=N``, after every N decoder layers (a segment boundary drains MLX's run-ahead). Each sync point lists the tensors ``mx.eval`` receives, in
   order: those made in the segment and read later, and the phase outputs made in it.
 * Slots: consecutive ops of a segment are grouped while they are independent (an antichain of the
   DAG) and hold at most one memory-bound op (roofline: intensity below the ridge point).
@@ -95,7 +95,10 @@ def memory_bound_flags(phase: TracedPhase, views: set[int], ridge: float) -> lis
     return flags
 
 
-def build_schedule(phase: TracedPhase, views: set[int], ridge: float) -> Schedule:
+def build_schedule(
+    phase: TracedPhase, views: set[int], ridge: float, sync_every: int = 0
+) -> Schedule:
+    """``sync_every``: decoder layers per segment (0: one segment, synced at the phase end only)."""
     ops = phase.ops
     op_inputs = [op.inputs for op in ops]
     op_outputs = [op.outputs for op in ops]
@@ -110,6 +113,14 @@ def build_schedule(phase: TracedPhase, views: set[int], ridge: float) -> Schedul
     for pos, i in enumerate(global_order):
         if layers[i] is not None:
             last_pos[layers[i]] = pos
+    if sync_every > 0:
+        last_pos = {
+            layer: p
+            for layer, p in last_pos.items()
+            if (layer + 1) % sync_every == 0 or layer == max(last_pos)
+        }
+    else:
+        last_pos = {}
     cuts = sorted({p for p in last_pos.values()} | {len(global_order) - 1})
     reasons = {p: f"end of layer {layer}" for layer, p in last_pos.items()}
     reasons[len(global_order) - 1] = "phase end: next token and cache to the host"

@@ -287,15 +287,10 @@ def trace_model(
             StaticKVCache(kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"], position)
             for i in range(num_layers)
         ]
-        logits = model(tokens, cache=caches)
         if last_index is None:
-            logits = logits[:, -1, :]
+            logits = model(tokens, cache=caches)[:, -1, :]
         else:
-            # The chunk's last real token (the rest is padding): a DynamicSlice at an array index.
-            b, _, v = logits.shape
-            logits = mx.slice(logits, last_index.reshape(1), axes=(1,), slice_size=(b, 1, v))[
-                :, 0, :
-            ]
+            logits = _last_real_logits(model, tokens, caches, last_index)
         # Greedy exactly as mlx-lm's generate_step: argmax of log-probabilities.
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         next_token = mx.argmax(logprobs, axis=-1)
@@ -308,7 +303,9 @@ def trace_model(
         return step(tokens, position, last_index, kw)
 
     def decode(tokens, position, **kw):
-        return step(tokens, position, None, kw)
+        # The previous step's next_token (shape [batch], uint32) is fed back as it is, so the
+        # runner can build step t+1 while step t still computes (as mlx-lm's generate_step does).
+        return step(tokens[:, None], position, None, kw)
 
     phases = [
         _export(
@@ -328,7 +325,7 @@ def trace_model(
             "decode",
             1,
             decode,
-            {"tokens": mx.zeros((batch, 1), mx.int32), "position": mx.array(0, mx.int32)},
+            {"tokens": mx.zeros((batch,), mx.uint32), "position": mx.array(0, mx.int32)},
             weights,
             state,
             num_layers,
@@ -340,6 +337,52 @@ def trace_model(
     ]
     vocab = _vocab_size(model, phases[1])
     return Traced(phases, weight_bindings, kv, num_layers, vocab)
+
+
+def _last_real_logits(model: nn.Module, tokens: mx.array, caches: list, last_index: mx.array):
+    """Logits of the chunk's last real token (the rest is padding).
+
+    mlx-lm models compute hidden states in ``model.model`` and apply a position-wise head (tied
+    embedding, lm_head, scaling, soft-capping) after it. Picking the row *before* the head, with a
+    DynamicSlice at the array index, saves a [chunk x vocab] projection per prefill chunk; models
+    without that structure get the full logits sliced instead.
+    """
+    inner = model.get("model") if isinstance(model, dict) else None
+
+    def pick(h: mx.array) -> mx.array:
+        b, _, d = h.shape
+        return mx.slice(h, last_index.reshape(1), axes=(1,), slice_size=(b, 1, d))
+
+    if isinstance(inner, nn.Module):
+        model.model = _PickLast(inner, pick)  # a plain object: kept outside the parameter tree
+        try:
+            return model(tokens, cache=caches)[:, -1, :]
+        except _NoHiddenStates:
+            pass
+        finally:
+            model.model = inner
+    return pick(model(tokens, cache=caches))[:, 0, :]
+
+
+class _NoHiddenStates(Exception):
+    """``model.model`` does not return [batch, tokens, hidden] states."""
+
+
+class _PickLast:
+    """Stands in for ``model.model``: calls it and keeps one position; other attributes (e.g. a
+    tied ``embed_tokens`` the head reuses) come from the real module."""
+
+    def __init__(self, inner: nn.Module, pick):
+        self._inner, self._pick = inner, pick
+
+    def __call__(self, *args, **kwargs):
+        h = self._inner(*args, **kwargs)
+        if not isinstance(h, mx.array) or h.ndim != 3:
+            raise _NoHiddenStates
+        return self._pick(h)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
 
 
 def _vocab_size(model: nn.Module, decode: TracedPhase) -> int:

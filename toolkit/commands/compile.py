@@ -46,13 +46,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
     p.add_argument("--profile", choices=PROFILE_NAMES, help="roofline target profile")
     p.add_argument(
+        "--sync-every",
+        type=int,
+        default=0,
+        metavar="LAYERS",
+        help="also sync after every LAYERS decoder layers (default 0: phase end only)",
+    )
+    p.add_argument(
         "--hash-weights",
         action="store_true",
         help="record the sha256 of every safetensors file (reads all weights once)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--progress", action="store_true",
-                   help="progress on stderr even when it is not a terminal")
+    p.add_argument(
+        "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
+    )
     p.set_defaults(func=run)
 
 
@@ -83,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         alignment=args.alignment,
         profile=args.profile,
         hash_weights=args.hash_weights,
+        sync_every=args.sync_every,
     )
     plan = compile_plan(source, opts, progress)
     if args.output and args.output != "-":

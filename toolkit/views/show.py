@@ -81,4 +81,7 @@ def _arena(plan: Plan) -> str:
     for name, arena, bound in rows:
         ratio = f"{arena / bound:.3f}" if bound else "n/a"
         lines.append(f"  {name:<26} {arena:>16,} {bound:>16,} {ratio:>7}")
+    if any(p.slack_bytes for p in plan.phases):
+        slack = ", ".join(f"{p.name} {p.slack_bytes:,}" for p in plan.phases)
+        lines.append(f"  allocator cache-reuse slack (in M_intermediate): {slack} bytes")
     return "\n".join(lines)
