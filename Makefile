@@ -33,8 +33,10 @@ plans: $(STAMP)
 	$(BIN)/dctms compile plans/configs/qwen2.5-1.5b-instruct-4bit.json -N 2048 -M 256 -o plans/qwen1.5b.plan
 	$(BIN)/dctms compile plans/configs/qwen2.5-7b-instruct-4bit.json -N 2048 -M 256 -o plans/qwen7b.plan
 
+# Planner quality and speed, then the runner against stock mlx-lm (interleaved A/B, ratios).
 bench: $(STAMP)
 	$(BIN)/python bench/planner.py
+	$(BIN)/python bench/runner_vs_mlx_lm.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -254,3 +254,15 @@ def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> Non
     (folder / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 384}))
     with pytest.raises(DctmsError, match="mlp"):
         compile_plan(load_source(folder), CompileOptions(16, 8))
+
+
+def test_bad_memory_size_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dctms.toolkit.cli", "compile",
+         str(_write(tmp_path, _config("qwen2", "float32", False))), "-N", "8", "-M", "8",
+         "--memory", "lots", "-o", str(tmp_path / "x.plan")],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "not a size" in proc.stderr
+    assert not (tmp_path / "x.plan").exists()

@@ -39,7 +39,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--memory",
         metavar="SIZE",
-        type=parse_size,
         help="device memory budget, e.g. 16GiB: exit 1 when M_max does not fit",
     )
     p.add_argument("--backend", choices=["cpu", "gpu"], help="MLX device (default: MLX's default)")
@@ -86,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch,
         prefill_chunk=args.prefill_chunk,
         dtype=args.dtype,
-        device_memory=args.memory,
+        device_memory=parse_size(args.memory) if args.memory is not None else None,
         backend=args.backend,
         alignment=args.alignment,
         profile=args.profile,
