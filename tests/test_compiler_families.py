@@ -130,7 +130,8 @@ def test_envelope_is_exact(tmp_path: Path, family: str, dtype: str, quantized: b
         + plan.envelope.intermediate
         + plan.envelope.runtime
     )
-    assert plan.envelope.intermediate == max(p.arena_bytes for p in plan.phases) > 0
+    assert plan.envelope.intermediate == max(p.arena_bytes + p.slack_bytes for p in plan.phases)
+    assert all(p.arena_bytes > 0 and p.slack_bytes > 0 for p in plan.phases)
     assert {p.name for p in plan.phases} == {"prefill", "decode"}
     assert plan.model.architecture == cfg["model_type"]
 

