@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         # The runner's own limits (as `dctms run` sets them), except that the memory limit also
         # covers the mlx-lm model this process holds: MLX's malloc waits on scheduled tasks once
         # active memory exceeds the limit, which would throttle the runner for a foreign reason.
-        session._set_limits()
+        session.apply_limits()
         mx.set_memory_limit(session.plan.envelope.provable + mlx_lm_held)
         mx.clear_cache()
         mx.reset_peak_memory()

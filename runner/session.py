@@ -74,7 +74,7 @@ class Session:
         check_runtime(plan)
         check_fingerprint(plan, model, verify_hashes)
         self.plan = plan
-        self._set_limits()
+        self.apply_limits()
         mx.reset_peak_memory()
         self.weights = load_weights(model)
         self.state = {
@@ -88,10 +88,13 @@ class Session:
         self.decode = PhaseProgram(phases["decode"])
         self.chunk = plan.bounds.prefill_chunk
 
-    def _set_limits(self) -> None:
+    def apply_limits(self) -> None:
+        """MLX's memory limit = the provable envelope; its buffer cache as the plan assumes: off
+        when the plan counts no allocator slack (a reused cached buffer may be larger than asked
+        for), else limited to M_intermediate (the runtime allowance covers it)."""
         env = self.plan.envelope
         mx.set_memory_limit(env.provable)
-        mx.set_cache_limit(env.intermediate)
+        mx.set_cache_limit(env.intermediate if self.plan.target.allocator_slack else 0)
         if platform.system() == "Darwin" and self.plan.target.backend == "gpu":
             # Keep the plan's provable bytes wired so the OS cannot page them out mid-run.
             info = mx.metal.device_info() if mx.metal.is_available() else {}

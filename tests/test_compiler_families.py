@@ -131,7 +131,9 @@ def test_envelope_is_exact(tmp_path: Path, family: str, dtype: str, quantized: b
         + plan.envelope.runtime
     )
     assert plan.envelope.intermediate == max(p.arena_bytes + p.slack_bytes for p in plan.phases)
-    assert all(p.arena_bytes > 0 and p.slack_bytes > 0 for p in plan.phases)
+    # the runner disables MLX's buffer cache on the CPU, so no cache-reuse slack is counted
+    assert plan.target.allocator_slack == 0
+    assert all(p.arena_bytes > 0 and p.slack_bytes == 0 for p in plan.phases)
     assert {p.name for p in plan.phases} == {"prefill", "decode"}
     assert plan.model.architecture == cfg["model_type"]
 

@@ -5,8 +5,8 @@
 * persistent: other memory the runner holds across steps: the graphs' constants and the per-call
   input arrays (token ids, position, last index).
 * intermediate: the largest arena over the phases (intermediates, scratch and run-ahead included).
-* runtime: what lives outside MLX's active memory: the runner process itself and the MLX buffer
-  cache the runner allows (it sets ``mx.set_cache_limit(intermediate)``). The first four terms are
+* runtime: what lives outside MLX's active memory: the runner process itself, and the MLX buffer
+  cache when the runner keeps one (GPU: limit M_intermediate; CPU: the runner disables it). The first four terms are
   the *provable* part, checked against MLX's peak every run; runtime is an allowance for RSS.
 """
 
@@ -14,16 +14,22 @@ from __future__ import annotations
 
 from dctms.schema.types import Envelope
 
-# Resident memory of a Python process that has imported the runner (mlx, msgspec, jsonschema,
-# tokenizers, psutil) and evaluated one array: measured 38 MiB with psutil on the CPU backend
-# (Linux x86-64, Python 3.11, mlx 0.32.4); rounded up to leave room for interpreter growth.
+# Resident memory of a Python process that has imported the runner (mlx, msgspec, tokenizers,
+# psutil) and evaluated one array: measured 38 MiB with psutil on the CPU backend (Linux x86-64,
+# Python 3.11, mlx 0.32.4); rounded up to leave room for interpreter growth. The Metal figure is an
+# estimate (library, command queues), not measured here.
 PROCESS_BASELINE = {"cpu": 64 * 2**20, "gpu": 192 * 2**20}
-PROCESS_BASELINE_SOURCE = {
-    "cpu": "runner process baseline 64 MiB (measured 38 MiB RSS: python 3.11 + mlx 0.32.4 cpu + "
-    "runner imports) + MLX buffer cache limit = M_intermediate",
-    "gpu": "runner process baseline 192 MiB (estimate for Metal: library, command queues; not "
-    "measured here) + MLX buffer cache limit = M_intermediate",
-}
+
+
+def runtime_allowance(backend: str, intermediate: int, cache_enabled: bool) -> tuple[int, str]:
+    """M_runtime and where it comes from: the runner process, plus the MLX buffer cache when the
+    runner keeps one (its limit is M_intermediate)."""
+    base = PROCESS_BASELINE.get(backend, PROCESS_BASELINE["gpu"])
+    how = "measured 38 MiB RSS" if backend == "cpu" else "estimated, not measured here"
+    source = f"runner process baseline {base // 2**20} MiB ({how})"
+    if cache_enabled:
+        return base + intermediate, source + " + MLX buffer cache limit = M_intermediate"
+    return base, source + "; MLX buffer cache disabled by the runner (limit 0)"
 
 
 def build_envelope(
@@ -34,8 +40,9 @@ def build_envelope(
     intermediate: int,
     backend: str,
     device_memory: int | None,
+    cache_enabled: bool,
 ) -> Envelope:
-    runtime = PROCESS_BASELINE.get(backend, PROCESS_BASELINE["gpu"]) + intermediate
+    runtime, runtime_source = runtime_allowance(backend, intermediate, cache_enabled)
     total = weights + kv + persistent + intermediate + runtime
     return Envelope(
         weights=weights,
@@ -44,7 +51,7 @@ def build_envelope(
         intermediate=intermediate,
         runtime=runtime,
         total=total,
-        runtime_source=PROCESS_BASELINE_SOURCE.get(backend, PROCESS_BASELINE_SOURCE["gpu"]),
+        runtime_source=runtime_source,
         device=device_memory,
         free=None if device_memory is None else device_memory - total,
     )

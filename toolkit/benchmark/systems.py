@@ -112,7 +112,7 @@ class Runner:
     def prepare(self) -> None:
         # The Session's own limit setting (memory = provable M_max, cache = intermediate, wired on
         # macOS/GPU), re-applied because the baseline's call put MLX's defaults back.
-        self.session._set_limits()
+        self.session.apply_limits()
 
     def generate(self, ids: list[int], max_tokens: int, stop: set[int]) -> Output:
         g = self.session.generate(ids, max_tokens, stop)
