@@ -7,7 +7,7 @@ so the planner and the verifier cannot disagree about them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from dctms.schema.types import Tensor
 
@@ -66,33 +66,26 @@ def lower_bound_bytes(tensors: Iterable[Tensor], num_slots: int, alignment: int)
     No arena can be smaller: tenants live at the same time need disjoint bytes. Tenants with a
     malformed interval are ignored (the verifier reports them separately).
     """
-    delta = [0] * (num_slots + 1)
-    for tensor in tensors:
-        iv = tensor.interval
-        if not is_arena_tenant(tensor) or len(iv) != 2 or not 0 <= iv[0] <= iv[1] < num_slots:
-            continue
-        size = align_up(tensor.bytes, alignment)
-        delta[iv[0]] += size
-        delta[iv[1] + 1] -= size
-    best = live = 0
-    for change in delta:
-        live += change
-        best = max(best, live)
-    return best
+    return _max_live(tensors, num_slots, lambda t: align_up(t.bytes, alignment))
 
 
 def slack_bytes(tensors: Iterable[Tensor], num_slots: int, allocator_slack: int) -> int:
     """Max over slots of what cache reuse can add to the live tenants: sum of min(bytes, slack)."""
     if allocator_slack <= 0:
         return 0
+    return _max_live(tensors, num_slots, lambda t: min(t.bytes, allocator_slack))
+
+
+def _max_live(tensors: Iterable[Tensor], num_slots: int, weight: Callable[[Tensor], int]) -> int:
+    # Sweep: +weight where a tenant's interval starts, -weight after it ends; the running sum's max.
     delta = [0] * (num_slots + 1)
     for tensor in tensors:
         iv = tensor.interval
         if not is_arena_tenant(tensor) or len(iv) != 2 or not 0 <= iv[0] <= iv[1] < num_slots:
             continue
-        extra = min(tensor.bytes, allocator_slack)
-        delta[iv[0]] += extra
-        delta[iv[1] + 1] -= extra
+        w = weight(tensor)
+        delta[iv[0]] += w
+        delta[iv[1] + 1] -= w
     best = live = 0
     for change in delta:
         live += change

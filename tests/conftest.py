@@ -48,6 +48,23 @@ from dctms.schema.types import (
 SHA = "0" * 63 + "1"
 
 
+# A two-layer random-weight qwen2 config the runner tests build models from (toolkit.tiny_model).
+TINY_QWEN2 = {
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 257,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "eos_token_id": 256,
+}
+
+
 def make_tiny_plan() -> Plan:
     kv_shape = [1, 16, 8]
     emb = WeightTensor("model.embed_tokens.weight", [16, 8], "float16", 256)

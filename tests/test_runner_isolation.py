@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import TINY_QWEN2
 
 import dctms.runner
 
@@ -174,20 +175,7 @@ def tiny_plan_and_model(tmp_path_factory) -> tuple[Path, Path]:
     from dctms.toolkit.tiny_model import write_tiny_model
 
     folder = tmp_path_factory.mktemp("isolation-model")
-    config = {
-        "model_type": "qwen2",
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 257,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
-        "torch_dtype": "float32",
-        "eos_token_id": 256,
-    }
+    config = dict(TINY_QWEN2)
     write_tiny_model(folder, config)
     plan = compile_plan(load_source(folder), CompileOptions(32, 8, prefill_chunk=16))
     write_plan(plan, folder / "tiny.plan")

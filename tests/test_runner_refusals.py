@@ -16,25 +16,13 @@ from pathlib import Path
 import mlx.core as mx
 import msgspec
 import pytest
+from conftest import TINY_QWEN2
 
 from dctms.schema.io import read_plan, write_plan
 
 N, M, CHUNK = 32, 8, 16
 
-CONFIG = {
-    "model_type": "qwen2",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 257,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": True,
-    "torch_dtype": "float32",
-    "eos_token_id": 256,
-}
+CONFIG = dict(TINY_QWEN2)
 
 
 def _build(folder: Path, config: dict, *, hash_weights: bool = False) -> Path:

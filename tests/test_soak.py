@@ -17,26 +17,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import TINY_QWEN2
 
 N, M, CHUNK = 48, 32, 16
 CALLS = 40  # x (M - 1) = 1,240 decode steps
 MAX_SLOPE = 1024.0  # bytes per decode step
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
 
-CONFIG = {
-    "model_type": "qwen2",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 257,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": True,
-    "torch_dtype": "float32",
-    "eos_token_id": 256,
-}
+CONFIG = dict(TINY_QWEN2)
 
 _SOAK = textwrap.dedent(
     """
