@@ -269,3 +269,14 @@ def test_bad_memory_size_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "not a size" in proc.stderr
     assert not (tmp_path / "x.plan").exists()
+
+
+@pytest.mark.skipif(mx.is_available(mx.gpu), reason="this machine's MLX has a GPU")
+def test_gpu_backend_without_a_gpu_exits_2(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dctms.toolkit.cli", "compile",
+         str(_write(tmp_path, _config("qwen2", "float32", False))), "-N", "8", "-M", "8",
+         "--backend", "gpu", "-o", str(tmp_path / "x.plan")],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2 and "no GPU" in proc.stderr and proc.stderr.count("\n") == 1

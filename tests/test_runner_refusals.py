@@ -417,3 +417,14 @@ def test_malformed_safetensors_header_is_one_line(model, copy_of, header):
     (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
     proc = dctms_run(str(plan), "--model", str(folder), "--tokens", "1")
     assert_refused(proc, "model.safetensors")
+
+
+@pytest.mark.skipif(mx.is_available(mx.gpu), reason="this machine's MLX has a GPU")
+def test_gpu_plan_without_a_gpu_is_refused(model, tmp_path):
+    plan_path, folder = model
+    plan = read_plan(plan_path)
+    gpu = msgspec.structs.replace(plan, target=msgspec.structs.replace(plan.target, backend="gpu"))
+    other = tmp_path / "gpu.plan"
+    write_plan(gpu, other)
+    proc = dctms_run(str(other), "--model", str(folder), "--tokens", "1")
+    assert_refused(proc, "gpu backend", "no GPU")

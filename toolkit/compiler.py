@@ -108,11 +108,7 @@ def compile_plan(
         dtype = "bfloat16"
     chunk = opts.prefill_chunk or min(opts.input_tokens, 512)
     backend = opts.backend or ("gpu" if mx.default_device() == mx.gpu else "cpu")
-    if backend != ("gpu" if mx.default_device() == mx.gpu else "cpu"):
-        raise DctmsError(
-            f"backend {backend} is not this machine's MLX device "
-            f"({mx.default_device()}): trace on the target backend"
-        )
+    use_device(backend)  # the graph (fast kernels or their decompositions) depends on the device
     profile = get_profile(opts.profile or DEFAULT_PROFILE[backend])
 
     headers = weights_from_headers(source.weight_files) if source.weight_files else None
@@ -207,6 +203,13 @@ def compile_plan(
             f"first: {problems[0]} [{problems[0].rule}]); please report this with the config"
         )
     return plan
+
+
+def use_device(backend: str) -> None:
+    """Make ``backend`` MLX's default device; refuse a GPU this machine does not have."""
+    if backend == "gpu" and not mx.is_available(mx.gpu):
+        raise DctmsError("backend gpu: this machine's MLX has no GPU (compile there, or use cpu)")
+    mx.set_default_device(mx.gpu if backend == "gpu" else mx.cpu)
 
 
 def _persistent(phases: list[TracedPhase], slack: int) -> list[StateTensor]:
