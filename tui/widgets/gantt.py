@@ -10,12 +10,13 @@ from textual.message import Message
 from textual.strip import Strip
 
 from dctms.tui.data import Row
+from dctms.tui.widgets.rows import RowCursor
 from dctms.tui.widgets.timechart import TimeChart, buffer_style, cells_to_strip
 
 _BLANK = Style()
 
 
-class Gantt(TimeChart):
+class Gantt(RowCursor, TimeChart):
     """Rows of bars; ``cursor`` is the selected row (posts ``Gantt.Selected`` when it moves)."""
 
     BINDINGS = [
@@ -90,18 +91,6 @@ class Gantt(TimeChart):
                 self.select(i)
                 return True
         return False
-
-    def action_move(self, step: int) -> None:
-        self.select(self.cursor + step)
-
-    def action_page(self, direction: int) -> None:
-        self.select(self.cursor + direction * max(1, self.scrollable_content_region.height - 2))
-
-    def action_first(self) -> None:
-        self.select(0)
-
-    def action_last(self) -> None:
-        self.select(len(self.rows) - 1)
 
     def on_click(self, event: events.Click) -> None:
         if event.y >= 1:

@@ -18,6 +18,8 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from dctms.tui.widgets.rows import RowCursor
+
 GAP = 2  # spaces between columns
 MAX_WIDTH = 72  # default cap on a column's width (details panels show whole values)
 
@@ -48,7 +50,7 @@ def clip(text: str, width: int) -> str:
     return text[: max(0, width - 1)] + "…"
 
 
-class VirtualTable(ScrollView, can_focus=True):
+class VirtualTable(RowCursor, ScrollView, can_focus=True):
     """Rows of strings with a sticky header, a row cursor and sort-by-header-click."""
 
     BINDINGS = [
@@ -155,18 +157,6 @@ class VirtualTable(ScrollView, can_focus=True):
             self.select(self.keys.index(key), force=True)
             return True
         return False
-
-    def action_move(self, step: int) -> None:
-        self.select(self.cursor + step)
-
-    def action_page(self, direction: int) -> None:
-        self.select(self.cursor + direction * max(1, self.scrollable_content_region.height - 2))
-
-    def action_first(self) -> None:
-        self.select(0)
-
-    def action_last(self) -> None:
-        self.select(len(self.rows) - 1)
 
     def action_scroll_columns(self, direction: int) -> None:
         step = max(4, self.scrollable_content_region.width // 4)
