@@ -55,6 +55,28 @@ def check_token_ids(plan: Plan, prompt: list[int]) -> None:
             )
 
 
+def throttle_limit(plan: Plan) -> int:
+    """The MLX memory limit a run needs: the provable envelope minus the largest allocation one op
+    makes (its arena outputs plus scratch), so that an op started just under the limit still ends
+    within the envelope."""
+    largest = 0
+    for phase in plan.phases:
+        position = {op.index: k for k, op in enumerate(phase.ops)}
+        made = [0] * len(phase.ops)
+        producer = {t: k for k, op in enumerate(phase.ops) for t in op.outputs}
+        for t in phase.tensors:
+            if t.view_of is not None or t.kind == "state":
+                continue
+            if t.kind == "scratch":
+                k = position.get(int(t.id.removeprefix("scratch.")))
+            else:
+                k = producer.get(t.id)
+            if k is not None:
+                made[k] += t.bytes
+        largest = max(largest, max(made, default=0))
+    return plan.envelope.provable - largest
+
+
 @dataclass
 class Generation:
     tokens: list[int]
@@ -88,12 +110,23 @@ class Session:
         self.decode = PhaseProgram(phases["decode"])
         self.chunk = plan.bounds.prefill_chunk
 
-    def apply_limits(self) -> None:
+    def held_bytes(self) -> int:
+        """What this session keeps allocated between calls: weights, KV state, constants."""
+        arrays = [*self.weights.values(), *self.state.values()]
+        arrays += [*self.prefill.constants.values(), *self.decode.constants.values()]
+        return sum(a.nbytes for a in arrays)
+
+    def apply_limits(self, foreign_bytes: int = 0) -> None:
         """MLX's memory limit = the provable envelope; its buffer cache as the plan assumes: off
         when the plan counts no allocator slack (a reused cached buffer may be larger than asked
         for), else limited to M_intermediate (the runtime allowance covers it)."""
         env = self.plan.envelope
-        mx.set_memory_limit(env.provable)
+        # MLX pauses the host after an op while active memory is above this limit (and a full task
+        # is outstanding): that throttle is what keeps its run-ahead within the plan's
+        # run_ahead_dispatches, and one op may add its allocation on top of the limit.
+        # ``foreign_bytes``: memory others hold in this process (a benchmark's second model), which
+        # the limit must cover too or the throttle would stall the runner for a foreign reason.
+        mx.set_memory_limit(throttle_limit(self.plan) + foreign_bytes)
         mx.set_cache_limit(env.intermediate if self.plan.target.allocator_slack else 0)
         if platform.system() == "Darwin" and self.plan.target.backend == "gpu":
             # Keep the plan's provable bytes wired so the OS cannot page them out mid-run.

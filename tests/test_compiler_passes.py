@@ -207,8 +207,20 @@ def test_cache_update_is_in_place_only_for_state() -> None:
 
 
 def test_run_ahead_window_is_mlx_s() -> None:
-    # 10 tasks x 10 dispatches in flight, one partial task of up to 9, and the reading op's own.
-    assert RUN_AHEAD_DISPATCHES == 110
+    # Under the runner's memory-limit throttle the worker lags at most one partial task (<= 9
+    # dispatches) plus the reading op's own holder.
+    assert RUN_AHEAD_DISPATCHES == 10
+
+
+def test_throttle_limit_leaves_room_for_the_largest_op() -> None:
+    from conftest import make_tiny_plan
+
+    from dctms.runner.session import throttle_limit
+
+    plan = make_tiny_plan()
+    # ops make 16 (t0), 16 (t2), 8 (scratch.3; k_out is the KV state), 16 (t3), 4 (out) bytes
+    assert plan.envelope.provable == 640
+    assert throttle_limit(plan) == 640 - 16
 
 
 # ------------------------------------------------------------------------ the model against MLX

@@ -3,8 +3,8 @@
 * ``colour``: tensors whose intervals are disjoint may share a buffer; greedy by start time gives
   the minimum number of buffers for an interval graph (Golumbic), each sized to its largest tenant.
   Among free buffers we pick the best fit by size, which keeps the buffers' total small too.
-* ``pack``: offsets in a single arena, greedy best-fit over several orders (by size, by lifetime
-  length, by start), keeping the smallest arena (the TFLite/XLA practice); offsets and sizes are
+* ``pack``: offsets in a single arena, greedy best-fit over several orders (by size with late ends
+  first, by size, by lifetime length, by start), keeping the smallest arena (the TFLite/XLA practice); offsets and sizes are
   rounded up to the alignment.
 * ``lower_bound``: max over slots of the aligned bytes live in that slot: no packing can beat it.
 
@@ -80,6 +80,7 @@ def pack(
         return [], 0
     aligned = [align_up(sz, alignment) for sz in sizes]
     orders = [
+        sorted(range(n), key=lambda i: (-aligned[i], -intervals[i][1], i)),
         sorted(range(n), key=lambda i: (-aligned[i], intervals[i][0], i)),
         sorted(range(n), key=lambda i: (-(intervals[i][1] - intervals[i][0]), -aligned[i], i)),
         sorted(range(n), key=lambda i: (intervals[i][0], -aligned[i], i)),

@@ -214,14 +214,16 @@ def use_device(backend: str) -> None:
 
 def _persistent(phases: list[TracedPhase], slack: int) -> list[StateTensor]:
     """Memory the runner holds across calls besides the cache: each phase's constants (made once)
-    and its per-call input arrays, each with the allocator's cache-reuse slack. Recorded as byte
-    blocks (uint8, shape [bytes])."""
+    and the input arrays of two calls (one computing, one being built), each with the allocator's
+    cache-reuse slack. Recorded as byte blocks (uint8, shape [bytes])."""
     blocks = []
     for tp in phases:
         inputs = [b for b in tp.inputs if b.kind == "input"]
         for what, items in (("constants", tp.constants), ("inputs", inputs)):
             sizes = [nbytes(x.shape, x.dtype) for x in items]
-            size = sum(b + min(b, slack) for b in sizes)
+            # The runner builds the next call while the current one computes: two calls' inputs.
+            copies = 2 if what == "inputs" else 1
+            size = copies * sum(b + min(b, slack) for b in sizes)
             if size:
                 blocks.append(StateTensor(f"{tp.name}.{what}", "persistent", [size], "uint8", size))
     return blocks

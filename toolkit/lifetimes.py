@@ -6,11 +6,15 @@ state) are not intermediates.
 
 Interval = [slot of the producer, slot of the last read], widened for MLX's CPU run-ahead: the host
 thread allocates an op's output when it *schedules* the op, while inputs are released only when the
-worker thread has *run* their last reader. At most ``RUN_AHEAD_DISPATCHES`` encoder dispatches can
-be outstanding (mlx/transforms.cpp MAX_ACTIVE_TASKS = 10 tasks x mlx/backend/cpu/encoder.h
-DISPATCHES_PER_TASK = 10, plus one partly filled task), so a tensor read last by op k may still be
-alive while the host allocates for any later op j of the same segment with fewer than that many
-dispatches between them. A sync point (``mx.eval`` returning) drains everything.
+worker thread has *run* their last reader. Unchecked, up to 110 encoder dispatches can be
+outstanding (mlx/transforms.cpp MAX_ACTIVE_TASKS = 10 tasks x mlx/backend/cpu/encoder.h
+DISPATCHES_PER_TASK = 10, plus a partly filled task). But after every op the host also waits while
+MLX's active memory is above its memory limit and any full task is outstanding; the runner sets that
+limit to the provable envelope minus the largest single op's allocation. So when the host allocates
+for op j, either active memory is within the limit (and op j adds at most the largest allocation),
+or the worker is at most one partial task -- ``RUN_AHEAD_DISPATCHES`` dispatches -- behind: a
+tensor read last by op k may still be alive at op j when fewer than that many dispatches lie
+between them. A sync point (``mx.eval`` returning) drains everything.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dctms.toolkit.memory_model import Layout, nbytes, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
 
-RUN_AHEAD_DISPATCHES = 10 * 10 + 9 + 1
+RUN_AHEAD_DISPATCHES = 10  # one partial task (<= 9 dispatches) plus the reading op's own
 
 
 @dataclass

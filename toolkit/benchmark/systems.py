@@ -110,9 +110,11 @@ class Runner:
         self.session = session
 
     def prepare(self) -> None:
-        # The Session's own limit setting (memory = provable M_max, cache = intermediate, wired on
-        # macOS/GPU), re-applied because the baseline's call put MLX's defaults back.
-        self.session.apply_limits()
+        # The Session's own limits (the throttling memory limit, the buffer cache as the plan
+        # assumes, wired on macOS/GPU), re-applied because the baseline's call put MLX's defaults
+        # back; the memory limit also covers what the baseline holds in this process.
+        foreign = max(0, mx.get_active_memory() - self.session.held_bytes())
+        self.session.apply_limits(foreign)
 
     def generate(self, ids: list[int], max_tokens: int, stop: set[int]) -> Output:
         g = self.session.generate(ids, max_tokens, stop)
