@@ -5,7 +5,6 @@ trace -> schedule -> lifetimes -> assign -> envelope -> emit; each pass is its o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,7 +39,7 @@ from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, analyse
-from dctms.toolkit.memory_model import ITEMSIZE, RESHAPES, VIEW_ALWAYS, nbytes
+from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS, nbytes
 from dctms.toolkit.model_source import ModelSource
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import build_schedule
@@ -288,7 +287,6 @@ def _plan_phase(
     offsets, arena = assign.pack(intervals, sizes, alignment, floor=lower)
     placement = {t: (buffer_of[k], offsets[k]) for k, t in enumerate(tenants)}
 
-    position = {i: p for p, i in enumerate(sched.order)}
     ops = []
     for p, i in enumerate(sched.order):
         op = tp.ops[i]
@@ -326,7 +324,6 @@ def _plan_phase(
         SyncPoint(slot=slot, reason=seg.reason, evaluate=list(seg.evaluate))
         for slot, seg in zip(sched.sync_slots, sched.segments, strict=True)
     ]
-    del position
     return Phase(
         name=tp.name,
         tokens=tp.tokens,
@@ -353,6 +350,3 @@ def _plan_kind(life, outputs: set[str]) -> str:
 
 def _scratch_last(tid: str) -> int:
     return 1 if tid.startswith("scratch.") else 0
-
-
-_ = (math, ITEMSIZE)
