@@ -12,6 +12,7 @@ from dctms.schema.errors import DctmsError
 from dctms.schema.fingerprint import (
     canonical_config_sha256,
     file_sha256,
+    read_config,
     weights_from_headers,
 )
 from dctms.schema.io import read_plan
@@ -57,18 +58,10 @@ def check_runtime(plan: Plan) -> None:
 
 
 def open_model_folder(path: str | Path) -> ModelFolder:
-    import json
-
     folder = Path(path)
     if not folder.is_dir():
         raise DctmsError(f"{folder}: model folder not found")
-    config_path = folder / "config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DctmsError(f"{folder}: no config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DctmsError(f"{config_path}: unreadable: {err}") from None
+    config = read_config(folder / "config.json")
     files = tuple(sorted(folder.glob("model*.safetensors")))
     if not files:
         raise DctmsError(f"{folder}: no model*.safetensors weights")

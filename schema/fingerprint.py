@@ -51,6 +51,21 @@ def canonical_config_sha256(config: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def read_config(config_path: Path) -> dict:
+    """A model's config.json as a dict; a missing, unreadable or non-JSON file is a one-line error."""
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DctmsError(f"{config_path.parent}: no config.json") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DctmsError(f"{config_path}: cannot read: {err}") from None
+    except json.JSONDecodeError as err:
+        raise DctmsError(f"{config_path}: not valid JSON: {err.msg} at line {err.lineno}") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise DctmsError(f"{config_path}: not a model config (no model_type)")
+    return config
+
+
 def layout_sha256(tensors: list[tuple[str, list[int] | tuple[int, ...], str]]) -> str:
     """sha256 over the sorted (name, shape, dtype) list: the weights' layout, not their values."""
     rows = sorted((name, list(shape), dtype) for name, shape, dtype in tensors)

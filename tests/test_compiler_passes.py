@@ -183,24 +183,17 @@ def test_quantized_matmul_copies_non_row_contiguous_input() -> None:
 
 def test_cache_update_is_in_place_only_for_state() -> None:
     cache, upd, pos = row_major((1, 2, 16, 8)), row_major((1, 2, 1, 8)), row_major((1,))
-    args = [[2]]
-    state = op_memory(
-        "DynamicSliceUpdate",
-        args,
-        [cache, upd, pos],
-        ["float32", "float32", "int32"],
-        [(1, 2, 16, 8)],
-        ["float32"],
-        [True, False, False],
-    )
-    other = op_memory(
-        "DynamicSliceUpdate",
-        args,
-        [cache, upd, pos],
-        ["float32", "float32", "int32"],
-        [(1, 2, 16, 8)],
-        ["float32"],
-        [False, False, False],
+    state, other = (
+        op_memory(
+            "DynamicSliceUpdate",
+            [[2]],
+            [cache, upd, pos],
+            ["float32", "float32", "int32"],
+            [(1, 2, 16, 8)],
+            ["float32"],
+            [is_state, False, False],
+        )
+        for is_state in (True, False)
     )
     assert state.effects[0].kind == "inplace" and other.effects[0].kind == "alloc"
     assert state.scratch == other.scratch == 8  # MLX's int64 dynamic offset

@@ -177,7 +177,7 @@ def test_folder_without_config(model, copy_of):
         ("empty", "too short"),
         ("directory", "cannot read"),
         ("truncated", "cannot load weights"),
-        ("config-json", "config.json: unreadable"),
+        ("config-json", "config.json: not valid JSON"),  # the compiler's wording too
     ],
 )
 def test_unreadable_weights_or_config(model, copy_of, damage, needle):

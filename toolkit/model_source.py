@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from dctms.schema.errors import DctmsError
-from dctms.schema.fingerprint import canonical_config_sha256
+from dctms.schema.fingerprint import canonical_config_sha256, read_config
 
 
 @dataclass(frozen=True)
@@ -33,13 +32,6 @@ def load_source(path: str | Path) -> ModelSource:
         raise DctmsError(f"{path}: no such file or folder")
     if not config_path.is_file():
         raise DctmsError(f"{p}: folder has no config.json")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise DctmsError(f"{config_path}: cannot read: {err}") from None
-    except json.JSONDecodeError as err:
-        raise DctmsError(f"{config_path}: not valid JSON: {err.msg} at line {err.lineno}") from None
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise DctmsError(f"{config_path}: not a model config (no model_type)")
+    config = read_config(config_path)
     files = tuple(sorted(folder.glob("model*.safetensors"))) if folder else ()
     return ModelSource(config, canonical_config_sha256(config), folder, files)

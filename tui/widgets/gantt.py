@@ -5,12 +5,11 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
-from textual.binding import Binding
 from textual.message import Message
 from textual.strip import Strip
 
 from dctms.tui.data import Row
-from dctms.tui.widgets.rows import RowCursor
+from dctms.tui.widgets.rows import ROW_BINDINGS, RowCursor
 from dctms.tui.widgets.timechart import TimeChart, buffer_style, cells_to_strip
 
 _BLANK = Style()
@@ -20,12 +19,7 @@ class Gantt(RowCursor, TimeChart):
     """Rows of bars; ``cursor`` is the selected row (posts ``Gantt.Selected`` when it moves)."""
 
     BINDINGS = [
-        Binding("up,k", "move(-1)", "row", key_display="↑↓/jk"),
-        Binding("down,j", "move(1)", "down", show=False),
-        Binding("pageup", "page(-1)", "page up", show=False),
-        Binding("pagedown", "page(1)", "page down", show=False),
-        Binding("home", "first", "first", show=False),
-        Binding("end", "last", "last", show=False),
+        *ROW_BINDINGS,
     ]
 
     class Selected(Message):

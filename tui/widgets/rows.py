@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+from textual.binding import Binding
+
+# Keys of every row widget; widgets add their own after these.
+ROW_BINDINGS = [
+    Binding("up,k", "move(-1)", "row", key_display="↑↓/jk"),
+    Binding("down,j", "move(1)", "down", show=False),
+    Binding("pageup", "page(-1)", "page up", show=False),
+    Binding("pagedown", "page(1)", "page down", show=False),
+    Binding("home", "first", "first", show=False),
+    Binding("end", "last", "last", show=False),
+]
+
 
 class RowCursor:
     """Key actions over ``self.rows`` for a widget with ``select(index)`` and ``cursor``."""

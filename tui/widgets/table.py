@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from dctms.tui.widgets.rows import RowCursor
+from dctms.tui.widgets.rows import ROW_BINDINGS, RowCursor
 
 GAP = 2  # spaces between columns
 MAX_WIDTH = 72  # default cap on a column's width (details panels show whole values)
@@ -54,12 +54,7 @@ class VirtualTable(RowCursor, ScrollView, can_focus=True):
     """Rows of strings with a sticky header, a row cursor and sort-by-header-click."""
 
     BINDINGS = [
-        Binding("up,k", "move(-1)", "row", key_display="↑↓/jk"),
-        Binding("down,j", "move(1)", "down", show=False),
-        Binding("pageup", "page(-1)", "page up", show=False),
-        Binding("pagedown", "page(1)", "page down", show=False),
-        Binding("home", "first", "first", show=False),
-        Binding("end", "last", "last", show=False),
+        *ROW_BINDINGS,
         Binding("left,h", "scroll_columns(-1)", "columns", show=False),
         Binding("right,l", "scroll_columns(1)", "columns", show=False),
     ]
