@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint plans bench setup clean
+.PHONY: demo test test-quick lint plans bench setup clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -p no:cacheprovider
+
+# The quick local loop: everything but the tests marked slow.
+test-quick: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -p no:cacheprovider -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

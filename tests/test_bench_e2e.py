@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from dctms.benchmark import systems as systems_mod
+from dctms.benchmark.prompts import default_prompts_file, load_prompts
+from dctms.cli.main import main
 from dctms.schema.io import write_plan
-from dctms.toolkit.benchmark import systems as systems_mod
-from dctms.toolkit.benchmark.prompts import default_prompts_file, load_prompts
-from dctms.toolkit.cli import main
 from dctms.toolkit.compiler import CompileOptions, compile_plan
 from dctms.toolkit.model_source import load_source
 from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model

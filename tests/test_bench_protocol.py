@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dctms.runner.measure import RssSampler
-from dctms.schema.errors import DctmsError
-from dctms.toolkit.benchmark.execute import execute
-from dctms.toolkit.benchmark.prompts import (
+from dctms.benchmark.execute import execute
+from dctms.benchmark.prompts import (
     Prompt,
     PromptIds,
     byte_token_ids,
@@ -21,8 +19,10 @@ from dctms.toolkit.benchmark.prompts import (
     default_prompts_file,
     load_prompts,
 )
-from dctms.toolkit.benchmark.protocol import CallsFile, Settings, schedule
-from dctms.toolkit.benchmark.systems import BASELINE, RUNNER, Output, measure_call
+from dctms.benchmark.protocol import CallsFile, Settings, schedule
+from dctms.benchmark.systems import BASELINE, RUNNER, Output, measure_call
+from dctms.runner.measure import RssSampler
+from dctms.schema.errors import DctmsError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from dctms.toolkit.benchmark import stats
-from dctms.toolkit.benchmark.stats import Sample
+from dctms.benchmark import stats
+from dctms.benchmark.stats import Sample
 
 XS = [2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from dctms.cli import main as cli
 from dctms.schema.types import Plan
-from dctms.toolkit import cli
-from dctms.toolkit.views.show import show_text
+from dctms.views.show import show_text
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
     """Run the real console entry point in a fresh interpreter (catches tracebacks at import too)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "dctms.toolkit.cli", *argv],
+        [sys.executable, "-m", "dctms.cli.main", *argv],
         capture_output=True,
         text=True,
         timeout=120,

@@ -204,7 +204,7 @@ def test_unsupported_families_exit_2(tmp_path: Path, config: dict, needle: str) 
         [
             sys.executable,
             "-m",
-            "dctms.toolkit.cli",
+            "dctms.cli.main",
             "compile",
             str(_write(tmp_path, cfg)),
             "-N",
@@ -261,7 +261,7 @@ def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> Non
 
 def test_bad_memory_size_is_one_line(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "dctms.toolkit.cli", "compile",
+        [sys.executable, "-m", "dctms.cli.main", "compile",
          str(_write(tmp_path, _config("qwen2", "float32", False))), "-N", "8", "-M", "8",
          "--memory", "lots", "-o", str(tmp_path / "x.plan")],
         capture_output=True, text=True,
@@ -274,7 +274,7 @@ def test_bad_memory_size_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(mx.is_available(mx.gpu), reason="this machine's MLX has a GPU")
 def test_gpu_backend_without_a_gpu_exits_2(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "dctms.toolkit.cli", "compile",
+        [sys.executable, "-m", "dctms.cli.main", "compile",
          str(_write(tmp_path, _config("qwen2", "float32", False))), "-N", "8", "-M", "8",
          "--backend", "gpu", "-o", str(tmp_path / "x.plan")],
         capture_output=True, text=True,

@@ -23,7 +23,7 @@ def _compile(config: Path, out: Path) -> subprocess.CompletedProcess:
         [
             sys.executable,
             "-m",
-            "dctms.toolkit.cli",
+            "dctms.cli.main",
             "compile",
             str(config),
             "-N",
@@ -84,7 +84,7 @@ def test_memory_budget_shortfall_exits_1(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "dctms.toolkit.cli",
+            "dctms.cli.main",
             "compile",
             str(PLANS["qwen7b"]),
             "-N",

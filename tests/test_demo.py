@@ -12,7 +12,7 @@ from dctms.schema.io import read_plan
 def test_demo_runs_offline_and_stays_within_the_envelope(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "dctms.toolkit.cli", "demo", "--dir", str(folder), "-N", "64",
+        [sys.executable, "-m", "dctms.cli.main", "demo", "--dir", str(folder), "-N", "64",
          "-M", "16"],
         capture_output=True, text=True, timeout=300,
     )

@@ -10,9 +10,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from dctms.cli import main as cli
 from dctms.schema.io import read_plan, write_plan
-from dctms.toolkit import cli
-from dctms.toolkit.views.diff import (
+from dctms.views.diff import (
     Threshold,
     diff_data,
     diff_markdown,
@@ -257,7 +257,7 @@ def test_bad_plans_exit_2_in_a_fresh_process(tmp_path):
     broken.write_text(NEW.read_text()[:1000])
     for old, new in ((tmp_path / "missing.plan", broken), (broken, broken)):
         proc = subprocess.run(
-            [sys.executable, "-m", "dctms.toolkit.cli", "diff", str(old), str(new)],
+            [sys.executable, "-m", "dctms.cli.main", "diff", str(old), str(new)],
             capture_output=True,
             text=True,
         )

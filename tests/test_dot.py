@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from dctms.cli import main as cli
+from dctms.cli.commands.dot import parse_layers
 from dctms.schema.errors import DctmsError
 from dctms.schema.io import read_plan
 from dctms.schema.sizes import is_arena_tenant
-from dctms.toolkit import cli
-from dctms.toolkit.commands.dot import parse_layers
-from dctms.toolkit.views import dot as views
+from dctms.views import dot as views
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "plans" / "qwen1.5b.plan"
@@ -226,7 +226,7 @@ def test_svg_without_dot_binary_is_one_line_exit_2(tmp_path, capsys, monkeypatch
 
 def test_no_dot_on_path_in_a_fresh_process(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path / "empty")}
-    base = [sys.executable, "-m", "dctms.toolkit.cli", "dot", str(PLAN), "-o"]
+    base = [sys.executable, "-m", "dctms.cli.main", "dot", str(PLAN), "-o"]
     proc = subprocess.run([*base, str(tmp_path / "x.png")], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "install Graphviz" in proc.stderr

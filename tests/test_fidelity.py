@@ -146,7 +146,7 @@ def run_runner(plan: Path, folder: Path, prompt: list[int], k: int, report: Path
     cmd = [
         sys.executable,
         "-m",
-        "dctms.toolkit.cli",
+        "dctms.cli.main",
         "run",
         str(plan),
         "--model",

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from dctms.cli import main as cli
 from dctms.schema.io import read_plan
-from dctms.toolkit import cli
 from dctms.toolkit.compiler import CompileOptions, compile_plan
 from dctms.toolkit.model_source import load_source
 from dctms.toolkit.tiny_model import DEMO_CONFIG
-from dctms.toolkit.views.fit import largest_fitting, max_positions
+from dctms.views.fit import largest_fitting, max_positions
 
 M = 16
 

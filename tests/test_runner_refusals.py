@@ -1,7 +1,7 @@
 """``dctms run`` refusals: one line on stderr, exit 2, no traceback, nothing run, no report written.
 
 And exit 3 for a run whose observed MLX peak exceeds the provable part of M_max: the check is
-unit-tested on ``build_report`` and end-to-end in-process through ``dctms.toolkit.cli.main`` with
+unit-tested on ``build_report`` and end-to-end in-process through ``dctms.cli.main.main`` with
 ``mx.get_peak_memory`` monkeypatched (a real plan cannot be made too small and still verify).
 """
 
@@ -59,7 +59,7 @@ def copy_of(model, tmp_path):
 
 
 def dctms_run(*args: str, report: Path | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "dctms.toolkit.cli", "run", *args]
+    cmd = [sys.executable, "-m", "dctms.cli.main", "run", *args]
     if report is not None:
         cmd += ["--report", str(report)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -342,8 +342,8 @@ def test_report_flags_a_peak_above_the_provable_envelope(model):
 
 
 def test_summary_survives_a_zero_peak(model):
+    from dctms.cli.commands.run import summary
     from dctms.runner.report import build_report
-    from dctms.toolkit.commands.run import summary
 
     plan = read_plan(model[0])
     text = summary(build_report(plan, _fake_generation(), 0, 10, [], None))
@@ -365,8 +365,8 @@ def restore_mlx_limits():
 def test_exit_3_when_observed_peak_exceeds_the_envelope(
     model, tmp_path, monkeypatch, capsys, restore_mlx_limits, excess
 ):
-    from dctms.toolkit.cli import main
-    from dctms.toolkit.commands.run import EXIT_OVER_ENVELOPE
+    from dctms.cli.commands.run import EXIT_OVER_ENVELOPE
+    from dctms.cli.main import main
 
     plan_path, folder = model
     provable = read_plan(plan_path).envelope.provable

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from dctms.cli import main as cli
 from dctms.schema.io import read_plan
 from dctms.schema.sizes import align_up, is_arena_tenant
-from dctms.toolkit import cli
-from dctms.toolkit.views.trace import EXTENT_COUNTER, LIVE_COUNTER, trace_document
+from dctms.views.trace import EXTENT_COUNTER, LIVE_COUNTER, trace_document
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = [ROOT / "plans" / "qwen1.5b.plan", ROOT / "plans" / "qwen7b.plan"]

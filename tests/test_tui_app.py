@@ -382,7 +382,7 @@ def test_bad_plan_one_line_exit_2_before_any_screen(tmp_path: Path, kind: str):
     assert proc.stderr == f"dctms-tui: {caught.value}\n"
     # The same first line `dctms validate` prints for this file.
     validate = subprocess.run(
-        [sys.executable, "-m", "dctms.toolkit.cli", "validate", str(path)],
+        [sys.executable, "-m", "dctms.cli.main", "validate", str(path)],
         capture_output=True,
         text=True,
         timeout=120,

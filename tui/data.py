@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from dctms.schema.sizes import align_up, is_arena_tenant
 from dctms.schema.types import Op, Phase, Plan, Tensor
-from dctms.toolkit.views.show import MIB, PAPER_LOGICAL, PAPER_PHYSICAL, PAPER_REDUCTION
+from dctms.views.show import MIB, PAPER_LOGICAL, PAPER_PHYSICAL, PAPER_REDUCTION
 
 COMPONENTS = ("weights", "kv", "persistent", "intermediate", "runtime")
 

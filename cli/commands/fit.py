@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from dctms.toolkit.compiler import CompileOptions, compile_plan
     from dctms.toolkit.model_source import load_source
     from dctms.toolkit.sizes import human, parse_size
-    from dctms.toolkit.views.fit import (
+    from dctms.views.fit import (
         DEFAULT_CAP,
         fit_summary,
         fit_text,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from dctms.toolkit.benchmark.systems import BASELINE, LABELS, RUNNER
+from dctms.benchmark.systems import BASELINE, LABELS, RUNNER
 
 FIGURE_STEM = "bench"
 COLORS = {BASELINE: "#4c72b0", RUNNER: "#dd8452"}

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from dctms.toolkit.compiler import CompileOptions, compile_plan
     from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model
-    from dctms.toolkit.views.show import show_text
+    from dctms.views.show import show_text
 
     folder = args.dir or cache_dir() / "demo-qwen2"
     if not (folder / "model.safetensors").is_file() or _config(folder) != DEMO_CONFIG:
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         cmd = [
             sys.executable,
             "-m",
-            "dctms.toolkit.cli",
+            "dctms.cli.main",
             "run",
             str(plan_path),
             "--model",

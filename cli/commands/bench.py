@@ -69,15 +69,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dctms.runner.load import load_checked_plan, open_model_folder
-    from dctms.schema.errors import DctmsError
-    from dctms.toolkit.benchmark.prompts import (
+    from dctms.benchmark.prompts import (
         PromptIds,
         byte_token_ids,
         check_bounds,
         default_prompts_file,
         load_prompts,
     )
+    from dctms.runner.load import load_checked_plan, open_model_folder
+    from dctms.schema.errors import DctmsError
 
     if args.reps < 1:
         raise DctmsError(f"--reps must be at least 1, got {args.reps}")
@@ -119,10 +119,10 @@ def run(args: argparse.Namespace) -> int:
         stop = set()
     check_bounds(ids, bounds.input_tokens)
 
-    from dctms.toolkit.benchmark.execute import execute
-    from dctms.toolkit.benchmark.progress import ProgressBar
-    from dctms.toolkit.benchmark.protocol import Settings, schedule
-    from dctms.toolkit.benchmark.systems import Baseline, MlxLimits, Runner
+    from dctms.benchmark.execute import execute
+    from dctms.benchmark.progress import ProgressBar
+    from dctms.benchmark.protocol import Settings, schedule
+    from dctms.benchmark.systems import Baseline, MlxLimits, Runner
 
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     defaults = MlxLimits.capture()  # before the Session sets the plan's limits
@@ -227,7 +227,7 @@ def describe_settings(
 
 def headline(summary: dict) -> str:
     """The Tables 2/3 block of ``summary.md`` for the terminal."""
-    from dctms.toolkit.benchmark.report import render_markdown
+    from dctms.benchmark.report import render_markdown
 
     text = render_markdown(summary)
     start = text.index("## All prompts")

@@ -32,8 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dctms.schema.io import read_plan
-    from dctms.toolkit.views.dot import select_phase
-    from dctms.toolkit.views.trace import phase_events, trace_document
+    from dctms.views.dot import select_phase
+    from dctms.views.trace import phase_events, trace_document
 
     plan = read_plan(args.plan)
     document = trace_document(plan)

@@ -9,9 +9,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from dctms.toolkit.benchmark import stats
-from dctms.toolkit.benchmark.protocol import atomic_write_text
-from dctms.toolkit.benchmark.systems import BASELINE, LABELS, RUNNER
+from dctms.benchmark import stats
+from dctms.benchmark.protocol import atomic_write_text
+from dctms.benchmark.systems import BASELINE, LABELS, RUNNER
 
 MIB = 2**20
 SUMMARY_MD = "summary.md"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from dctms.toolkit.benchmark import stats
-from dctms.toolkit.benchmark import systems as systems_mod
-from dctms.toolkit.benchmark.progress import ProgressBar
-from dctms.toolkit.benchmark.prompts import PromptIds
-from dctms.toolkit.benchmark.protocol import (
+from dctms.benchmark import stats
+from dctms.benchmark import systems as systems_mod
+from dctms.benchmark.progress import ProgressBar
+from dctms.benchmark.prompts import PromptIds
+from dctms.benchmark.protocol import (
     CALLS_NAME,
     FORMAT,
     CallsFile,
@@ -19,8 +19,8 @@ from dctms.toolkit.benchmark.protocol import (
     run_protocol,
     schedule,
 )
-from dctms.toolkit.benchmark.report import summarise, write_summary
-from dctms.toolkit.benchmark.systems import System
+from dctms.benchmark.report import summarise, write_summary
+from dctms.benchmark.systems import System
 
 
 def prompt_entries(prompts: Sequence[PromptIds]) -> list[dict]:
@@ -67,7 +67,7 @@ def execute(
     names: list[str] = []
     note = "figures not requested (--no-plot)"
     if figures:
-        from dctms.toolkit.benchmark.plot import write_figures
+        from dctms.benchmark.plot import write_figures
 
         names, note = write_figures(out_dir, outcome.calls, [p.prompt.id for p in prompts])
     write_summary(out_dir, summary, names, note)

@@ -1,4 +1,4 @@
-"""`dctms` command line: one subcommand per module in ``dctms.toolkit.commands``."""
+"""`dctms` command line: one subcommand per module in ``dctms.cli.commands``."""
 
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"dctms.toolkit.commands.{name}")
+            module = importlib.import_module(f"dctms.cli.commands.{name}")
         except ModuleNotFoundError as err:
-            if err.name == f"dctms.toolkit.commands.{name}":
+            if err.name == f"dctms.cli.commands.{name}":
                 continue  # command not built yet
             raise
         module.register(sub)

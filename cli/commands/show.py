@@ -9,7 +9,7 @@ import sys
 import msgspec
 
 from dctms.schema.io import read_plan
-from dctms.toolkit.views.show import show_text
+from dctms.views.show import show_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

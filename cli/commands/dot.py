@@ -72,7 +72,7 @@ def parse_layers(text: str | None) -> tuple[int, int] | None:
 
 def run(args: argparse.Namespace) -> int:
     from dctms.schema.io import read_plan
-    from dctms.toolkit.views import dot as views
+    from dctms.views import dot as views
 
     out = Path(args.output)
     suffix = out.suffix.lower()

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dctms.toolkit.benchmark.progress import ProgressBar
-from dctms.toolkit.benchmark.prompts import PromptIds
-from dctms.toolkit.benchmark.systems import System, measure_call
+from dctms.benchmark.progress import ProgressBar
+from dctms.benchmark.prompts import PromptIds
+from dctms.benchmark.systems import System, measure_call
 
 FORMAT = "dctms-bench-calls/1"
 CALLS_NAME = "calls.json"

@@ -1,0 +1,1 @@
+"""The command line: the top floor, the only room that may call both the compiler and the runner."""
