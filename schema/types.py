@@ -248,6 +248,26 @@ class Stats(_Base):
     lower_bound_bytes: ByteCount
 
 
+class CompileRequest(_Base):
+    """What the plan was compiled from, exactly as asked: the model's config.json and every compile
+    option as given (None / the default where the compiler chose), so ``dctms check`` can re-compile
+    the plan the same way and a changed compiler default shows as drift. The values the compiler
+    resolved are in ``bounds`` and ``target``; the verifier checks the two agree."""
+
+    config: dict[str, Any]  # config.json as read; its canonical sha256 is model.config_sha256
+    input_tokens: Int
+    output_tokens: Int
+    batch: Int = 1
+    prefill_chunk: Int | None = None
+    dtype: Name | None = None
+    device_memory: ByteCount | None = None
+    backend: Name | None = None
+    alignment: Positive = 64
+    profile: Name | None = None
+    sync_every: Int = 0
+    hash_weights: bool = False
+
+
 class Plan(_Base):
     schema_version: int
     generator: Generator
@@ -258,3 +278,4 @@ class Plan(_Base):
     phases: list[Phase]
     envelope: Envelope
     stats: Stats
+    compile: CompileRequest | None = None  # None in plans not written by the compiler (tests)

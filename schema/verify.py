@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from dctms.schema import rules_graph, rules_memory, rules_totals
+from dctms.schema import rules_graph, rules_memory, rules_request, rules_totals
 from dctms.schema.errors import Problem
 from dctms.schema.phase_index import PlanIndex, build_plan_index
 from dctms.schema.types import Plan
@@ -63,6 +63,7 @@ RULES: dict[str, Rule] = {
     "bindings": rules_totals.bindings,
     "envelope_sum": rules_totals.envelope_sum,
     "stats": rules_totals.stats,
+    "compile_request": rules_request.compile_request,
 }
 
 

@@ -6,7 +6,7 @@ trace -> schedule -> lifetimes -> assign -> envelope -> emit; each pass is its o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 
@@ -19,6 +19,7 @@ from dctms.schema.types import (
     Binding,
     Bounds,
     Buffer,
+    CompileRequest,
     Constant,
     Generator,
     KVStorage,
@@ -193,6 +194,8 @@ def compile_plan(
             arena_bytes=max(p.arena_bytes for p in phases),
             lower_bound_bytes=max(p.lower_bound_bytes for p in phases),
         ),
+        # The inputs as given, so `dctms check` can re-compile exactly this plan.
+        compile=CompileRequest(config=config, **asdict(opts)),
     )
     # Self-check: a plan the independent verifier rejects is a compiler bug; never emit it.
     problems = verify_plan(plan)
