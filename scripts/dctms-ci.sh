@@ -32,6 +32,8 @@ read -r -a dctms <<< "${DCTMS:-dctms}"
 read -r -a fail_above <<< "${DCTMS_FAIL_ABOVE:-}"
 budget=${DCTMS_BUDGET:-}
 status=0
+stale=0   # plans dctms check found stale or edited
+crossed=0 # plans whose M_max crossed a limit
 
 note() { echo "dctms-ci: $*" >&2; }
 worse() { if [ "$1" -gt "$status" ]; then status=$1; fi; }
@@ -141,6 +143,7 @@ for plan in "${plans[@]}"; do
       : > "$work/diff.err"
     fi
   fi
+  if [ "$rc" -eq 1 ]; then crossed=$((crossed + 1)); fi
   if [ "$rc" -eq 2 ]; then
     { echo; echo "**dctms could not read \`$plan\` or its base copy:** $(head -n 1 "$work/diff.err")"; } >> "$body"
   fi
@@ -157,7 +160,12 @@ done
 # ----------------------------------------------------------------------------------- 3. report
 case "$status" in
   0) verdict="✅ dctms: ${#plans[@]} plans up to date and within the limits" ;;
-  1) verdict="❌ dctms: a plan is stale, or M_max crossed a limit" ;;
+  1)
+    verdict="❌ dctms:"
+    if [ "$stale" -gt 0 ]; then verdict+=" $stale of ${#plans[@]} plans stale or edited"; fi
+    if [ "$stale" -gt 0 ] && [ "$crossed" -gt 0 ]; then verdict+=";"; fi
+    if [ "$crossed" -gt 0 ]; then verdict+=" M_max over a limit in $crossed of ${#plans[@]} plans"; fi
+    ;;
   *) verdict="❌ dctms: a plan could not be read (exit $status)" ;;
 esac
 {

@@ -100,7 +100,7 @@ def test_growth_above_the_allowed_growth_fails(repo, tmp_path) -> None:
     old, new = repo["old"], repo["new"]
     assert new > old
     assert rc == 1, err
-    assert md.startswith("## ❌ dctms: a plan is stale, or M_max crossed a limit\n")
+    assert md.startswith("## ❌ dctms: M_max over a limit in 1 of 1 plans\n")
     assert "### ✅ dctms check: all 1 plans re-compile to the checked-in bytes" in md
     assert "### dctms plan diff: `main:plans/tiny.plan` → `plans/tiny.plan`" in md
     assert f"**M_max {old:,} → {new:,} bytes" in md
@@ -139,6 +139,7 @@ def test_a_model_change_without_a_recompile_is_stale(repo, tmp_path) -> None:
     finally:
         git(path, "checkout", "-q", "grow")
     assert rc == 1, err
+    assert md.startswith("## ❌ dctms: 1 of 1 plans stale or edited\n")
     assert "### ❌ dctms check: 1 of 1 plans are stale or edited" in md
     assert "plans/tiny.plan: stale: M_max (envelope.total)" in md
     assert "re-make with: dctms compile models/tiny/config.json -N 16 -M 8" in md
