@@ -13,7 +13,7 @@ import mlx.core as mx
 import dctms
 from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256, weights_from_headers
-from dctms.schema.sizes import align_up, slack_bytes
+from dctms.schema.sizes import slack_bytes
 from dctms.schema.types import (
     SCHEMA_VERSION,
     Binding,
@@ -78,6 +78,9 @@ class CompileOptions:
     # Decoder layers per segment between sync points; 0 = the phase end only (the default: on the
     # CPU backend a per-layer sync costs ~15 % decode throughput and saves < 0.2 % of the arena).
     sync_every: int = 0
+    # Search budget of the offset packer, shared by the phases whose greedy packing misses the
+    # lower bound (a fixed amount of work, so the plan does not depend on the machine's speed).
+    pack_seconds: float = 2.0
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -88,6 +91,8 @@ def _check_options(opts: CompileOptions) -> None:
             )
     if opts.prefill_chunk is not None and opts.prefill_chunk < 1:
         raise DctmsError(f"prefill chunk must be at least 1, got {opts.prefill_chunk}")
+    if not 0 <= opts.pack_seconds <= 3600:
+        raise DctmsError(f"--pack-seconds must be between 0 and 3600, got {opts.pack_seconds}")
     if opts.sync_every < 0:
         raise DctmsError(f"--sync-every must be 0 (phase end only) or more, got {opts.sync_every}")
     if opts.alignment < 1 or opts.alignment & (opts.alignment - 1):
@@ -126,7 +131,14 @@ def compile_plan(
     for tp in traced.phases:
         say(f"planning {tp.name}: {len(tp.ops)} primitives")
         phases.append(
-            _plan_phase(tp, ridge, opts.alignment, opts.sync_every, ALLOCATOR_SLACK[backend])
+            _plan_phase(
+                tp,
+                ridge,
+                opts.alignment,
+                opts.sync_every,
+                ALLOCATOR_SLACK[backend],
+                opts.pack_seconds / len(traced.phases),
+            )
         )
 
     state = [
@@ -272,7 +284,12 @@ def _weights(
 
 
 def _plan_phase(
-    tp: TracedPhase, ridge: float, alignment: int, sync_every: int, allocator_slack: int
+    tp: TracedPhase,
+    ridge: float,
+    alignment: int,
+    sync_every: int,
+    allocator_slack: int,
+    pack_seconds: float = 0.0,
 ) -> Phase:
     views = {i for i, op in enumerate(tp.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
     sched = build_schedule(tp, views, ridge, sync_every)
@@ -282,9 +299,8 @@ def _plan_phase(
     intervals = [lives.slot_interval[t] for t in tenants]
     sizes = [lives.lives[t].bytes for t in tenants]
     buffer_of, buffer_size = assign.colour(intervals, sizes)
-    aligned = [align_up(s, alignment) for s in sizes]
-    lower = assign.lower_bound(intervals, aligned, len(sched.slots))
-    offsets, arena = assign.pack(intervals, sizes, alignment, floor=lower)
+    packing = assign.pack(intervals, sizes, alignment, seconds=pack_seconds)
+    offsets = packing.offsets
     placement = {t: (buffer_of[k], offsets[k]) for k, t in enumerate(tenants)}
 
     ops = []
@@ -335,8 +351,10 @@ def _plan_phase(
         buffers=[Buffer(b, size) for b, size in enumerate(buffer_size)],
         slots=sched.slots,
         sync_points=sync,
-        arena_bytes=arena,
-        lower_bound_bytes=lower,
+        arena_bytes=packing.arena,
+        lower_bound_bytes=packing.lower_bound,
+        arena_optimal=packing.proof,
+        arena_gap_bytes=packing.gap,
         slack_bytes=slack_bytes(tensors, len(sched.slots), allocator_slack),
     )
 
