@@ -24,7 +24,7 @@ from dctms.runner.primitives import dtype_from_name
 from dctms.runner.request import Request
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
-from dctms.schema.types import Plan
+from dctms.schema.types import Plan, Scratch
 
 
 def check_allocation(
@@ -82,8 +82,8 @@ def throttle_limit(plan: Plan) -> int:
         for t in phase.tensors:
             if t.view_of is not None or t.kind == "state":
                 continue
-            if t.kind == "scratch":
-                k = position.get(int(t.id.removeprefix("scratch.")))
+            if isinstance(t, Scratch):
+                k = position.get(t.op)
             else:
                 k = producer.get(t.id)
             if k is not None:
