@@ -21,6 +21,8 @@ COMMANDS = [
     "dot",
     "trace",
     "fit",
+    "pool",
+    "serve",
 ]
 
 
