@@ -418,7 +418,25 @@ CASES: list[tuple[str, str, Break]] = [
     ("stats", "reduction wrong", lambda p: nested(p, "stats", reduction=0.4)),
     ("stats", "arena wrong", lambda p: nested(p, "stats", arena_bytes=64)),
     ("stats", "lower bound wrong", lambda p: nested(p, "stats", lower_bound_bytes=64)),
+    # what the runner looks up and the indices it feeds (schema/rules_runner.py)
+    ("runner_names", "a prefill phase without last_index", lambda p: _with_prefill(p)),
+    ("runner_names", "decode input renamed", lambda p: _with_prefill(binding(p, "inputs", "pos", name="pos"))),
+    ("runner_names", "next_token renamed", lambda p: _with_prefill(binding(p, "outputs", "out", name="token"))),
+    ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
+    ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
+    ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),
+    ("state_capacity", "cache written at a constant", lambda p: _state_written_at(p, "c_half")),
 ]
+
+
+def _with_prefill(plan: Plan) -> Plan:
+    """A copy of the decode phase named prefill (so the plan is runnable): it lacks last_index and
+    processes one token, not the plan's prefill_chunk (4)."""
+    return replace(plan, phases=[replace(P0(plan), name="prefill"), P0(plan)])
+
+
+def _state_written_at(plan: Plan, index_id: str) -> Plan:
+    return op(plan, 3, inputs=["k_in", "t0", index_id])
 
 
 def test_two_segment_variant_is_valid(tiny_plan: Plan) -> None:
