@@ -72,6 +72,7 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
         "alignment": "--alignment",
         "profile": "--profile",
         "sync_every": "--sync-every",
+        "pack_seconds": "--pack-seconds",
     }
     for name, flag in flags.items():
         value = getattr(request, name)
