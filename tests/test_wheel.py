@@ -73,8 +73,9 @@ def test_package_data_covers_every_data_file() -> None:
 
 def test_extras_are_named_for_what_they_add() -> None:
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert "test" in extras and "plot" in extras
+    assert {"plot", "serve", "test"} <= set(extras)
     assert "matplotlib>=3.8" in extras["plot"]
+    assert any(req.startswith("starlette") for req in extras["serve"])
 
 
 # ------------------------------------------------------------------------------------ slow: wheel
@@ -129,7 +130,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel: Path, tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     assert _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env).returncode == 0
     bin_ = venv / "bin"
-    proc = _run([str(bin_ / "pip"), "install", "-q", str(wheel)], tmp_path, env)
+    proc = _run([str(bin_ / "pip"), "install", "-q", f"{wheel}[serve]"], tmp_path, env)
     if proc.returncode != 0 and "No matching distribution" in proc.stderr:
         pytest.skip(f"the package index is not reachable: {proc.stderr.strip()[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -168,3 +169,5 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel: Path, tmp_path: Path) ->
     )
     assert api.split()[1] == "False" and int(api.split()[0]) > 0
     assert "painted" in ok(str(bin_ / "dctms-tui"), "--exit-after-paint", "base.plan")
+    # The serve extra brings what `dctms serve` imports.
+    ok(str(bin_ / "python"), "-c", "import dctms.serve.app")

@@ -10,7 +10,8 @@ model folder / config file the caller names (the model as it is now) -- and comp
 - ``edited``: the file is not what dctms writes: not the canonical text of the plan it decodes to,
   or (when the figures all agree) bytes a compile does not produce.
 
-A plan that cannot be read or fails validation raises ``PlanError``; a plan without a request, or a
+A plan whose digest (harden's sha256 of the canonical body) does not match is ``edited``; one that
+cannot be read or fails validation otherwise raises ``PlanError``; a plan without a request, or a
 model that cannot be compiled, raises ``DctmsError`` (the CLI's exit 2).
 """
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from dctms.schema.errors import DctmsError
+from dctms.schema.errors import DctmsError, PlanError
 from dctms.schema.fingerprint import canonical_config_sha256
 from dctms.schema.io import decode_plan, encode_plan, write_plan
 from dctms.schema.types import CompileRequest, Plan
@@ -97,7 +98,14 @@ def check_plan(
     """
     source_name = str(path)
     data = _read_bytes(Path(path))
-    plan = decode_plan(data, source_name)
+    try:
+        plan = decode_plan(data, source_name)
+    except PlanError as err:
+        # The plan's digest (its canonical body's sha256) no longer matches: changed after writing.
+        changed = [p for p in err.problems if p.rule == "digest"]
+        if changed and len(changed) == len(err.problems):
+            return CheckResult(source_name, "edited", changed[0].message, "dctms compile ...")
+        raise
     request = plan.compile
     if request is None:
         raise DctmsError(
