@@ -21,6 +21,7 @@ COMMANDS = [
     "dot",
     "trace",
     "fit",
+    "convert-gguf",
 ]
 
 
@@ -33,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"dctms.cli.commands.{name}")
+            module = importlib.import_module(f"dctms.cli.commands.{name.replace('-', '_')}")
         except ModuleNotFoundError as err:
-            if err.name == f"dctms.cli.commands.{name}":
+            if err.name == f"dctms.cli.commands.{name.replace('-', '_')}":
                 continue  # command not built yet
             raise
         module.register(sub)

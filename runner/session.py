@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from dctms.runner.execute import PhaseProgram
-from dctms.runner.load import ModelFolder, check_fingerprint, check_runtime, load_weights
+from dctms.runner.load import check_fingerprint, check_runtime, load_weights
 from dctms.runner.primitives import dtype_from_name
 from dctms.schema.errors import DctmsError
+from dctms.schema.model_folder import ModelFolder
 from dctms.schema.types import Plan
 
 
@@ -98,7 +99,7 @@ class Session:
         self.plan = plan
         self.apply_limits()
         mx.reset_peak_memory()
-        self.weights = load_weights(model)
+        self.weights = load_weights(model, self.plan)
         self.state = {
             s.name: mx.zeros(s.shape, dtype=dtype_from_name(s.dtype))
             for s in plan.state

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Bound byte counts so absurd sizes (10^30) are rejected at decode time: 2^53 bytes = 8 PiB.
 MAX_BYTES = 2**53
@@ -76,8 +76,10 @@ class Quantization(_Base):
 class WeightTensor(_Base):
     name: Name
     shape: Shape
-    dtype: Name
+    dtype: Name  # as resident in memory (what ``bytes`` counts)
     bytes: ByteCount
+    # As stored in the safetensors file, when the plan casts it at load (``compile --dtype``).
+    stored_dtype: Name | None = None
 
 
 class Weights(_Base):

@@ -10,8 +10,8 @@ import pytest
 
 from dctms.cli import main as cli
 from dctms.schema.io import read_plan
+from dctms.schema.model_folder import open_model
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.model_source import load_source
 from dctms.toolkit.tiny_model import DEMO_CONFIG
 from dctms.views.fit import largest_fitting, max_positions
 
@@ -30,7 +30,7 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def m_max(folder: Path, n: int, m: int) -> int:
-    return compile_plan(load_source(folder), CompileOptions(n, m)).envelope.total
+    return compile_plan(open_model(folder), CompileOptions(n, m)).envelope.total
 
 
 # ------------------------------------------------------------------------------ the search alone

@@ -36,7 +36,7 @@ def test_same_plan_same_bytes(tiny_plan: Plan) -> None:
 
 def test_layout_one_record_per_line(tiny_plan: Plan) -> None:
     lines = encode_plan(tiny_plan).decode().splitlines()
-    assert lines[:2] == ["{", '  "schema_version": 1,']
+    assert lines[:2] == ["{", '  "schema_version": 2,']
     phase = tiny_plan.phases[0]
     assert sum('"primitive":' in line for line in lines) == len(phase.ops)
     assert sum('"interval":' in line for line in lines) == len(phase.tensors)

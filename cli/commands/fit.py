@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.sizes import human, parse_size
     from dctms.views.fit import (
         DEFAULT_CAP,
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     letter, other = ("N", "M") if search_n else ("M", "N")
     if fixed < 1:
         raise DctmsError(f"-{other} must be at least 1, got {fixed}")
-    source = load_source(args.model)
+    source = open_model(args.model)
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
     cap_reason = (
