@@ -302,7 +302,11 @@ def build_tokenizer(meta: dict, src: Path) -> tuple[str, dict]:
     types = types.tolist() if isinstance(types, mx.array) else [1] * len(tokens)
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    try:
+        bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
+    except Exception as err:  # the tokenizers library raises its own exception type
+        raise DctmsError(f"{src}: the GGUF vocabulary does not make a BPE tokenizer: {err}") from None
+    tok = Tokenizer(bpe)
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if _PRE_TOKENIZERS[pre]:
         tok.pre_tokenizer = pre_tokenizers.Sequence(

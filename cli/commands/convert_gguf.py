@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "float32/float16/bfloat16: dequantise every tensor to that dtype",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
+    )
     p.set_defaults(func=run)
 
 
@@ -37,9 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from dctms.toolkit.gguf import convert_gguf
 
     start = time.perf_counter()
+    show = not args.quiet and (args.progress or sys.stderr.isatty())
 
     def progress(msg: str) -> None:
-        if not args.quiet:
+        if show:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
 
     out = convert_gguf(args.gguf, args.out, args.dtype, progress)

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         session = Session(plan, model, verify_hashes=args.verify_weights)
         gen = session.generate(prompt, max_tokens, stop)
     text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
-    report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text)
+    report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, prompt)
     if args.report:
         write_report(report, args.report)
     print(text if text is not None else ",".join(map(str, gen.tokens)))
