@@ -320,4 +320,7 @@ def _fmt(x: float | None) -> str:
 
 
 if __name__ == "__main__":
+    from dctms.runner.blas import reexec_with_fast_blas
+
+    reexec_with_fast_blas()  # both systems on OpenBLAS when MLX carries the reference BLAS
     sys.exit(main())

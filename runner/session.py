@@ -21,7 +21,7 @@ from dctms.runner.load import check_fingerprint, check_runtime, load_weights
 from dctms.runner.primitives import dtype_from_name
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
-from dctms.schema.types import Plan
+from dctms.schema.types import Plan, Scratch
 
 
 def check_request(plan: Plan, prompt_tokens: int, max_tokens: int) -> None:
@@ -68,8 +68,8 @@ def throttle_limit(plan: Plan) -> int:
         for t in phase.tensors:
             if t.view_of is not None or t.kind == "state":
                 continue
-            if t.kind == "scratch":
-                k = position.get(int(t.id.removeprefix("scratch.")))
+            if isinstance(t, Scratch):
+                k = position.get(t.op)
             else:
                 k = producer.get(t.id)
             if k is not None:

@@ -140,8 +140,8 @@ def interval_last_use(ix: PlanIndex) -> Iterator[Finding]:
 
 
 def scratch(ix: PlanIndex) -> Iterator[Finding]:
-    """Scratch tensor ``scratch.N`` belongs to op N: uint8, shape [bytes], bytes == op N's scratch,
-    and every op with scratch bytes has its scratch tensor."""
+    """A scratch tensor belongs to the op its ``op`` field names: uint8, shape [bytes], bytes == that
+    op's scratch, and every op with scratch bytes has its scratch tensor."""
     for px in ix.phases:
         have: set[int] = set()
         for i, t in enumerate(px.phase.tensors):
@@ -149,10 +149,7 @@ def scratch(ix: PlanIndex) -> Iterator[Finding]:
                 continue
             position = px.producer.get(t.id)
             if position is None:
-                yield (
-                    f"{px.tensor_path(i)}.id",
-                    f"{t.id!r} names no op (expected scratch.<op index>)",
-                )
+                yield f"{px.tensor_path(i)}.op", f"{t.id!r} names op {t.op}, which does not exist"
                 continue
             op = px.phase.ops[position]
             have.add(position)

@@ -15,7 +15,8 @@ cannot hide behind the planner's own assumptions. Each check is a rule with a st
   constant), never another view; a view has no buffer and no offset, and extends its root's interval;
   a tensor of kind "state" owns no arena bytes (by convention it is a view of the state input
   binding it updates);
-- a scratch tensor ``scratch.N`` is op N's temporary: uint8 of shape ``[ops[N].scratch]``;
+- a scratch tensor is the temporary of the op its ``op`` field names: uint8 of shape
+  ``[ops[op].scratch]``;
 - a phase output (kind "output") lives until the phase's last slot and is evaluated at a sync point;
   what a sync point evaluates was made since the previous one.
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import make_tiny_plan
 from msgspec.structs import replace
 
-from dctms.schema.types import Binding, Buffer, Plan, SyncPoint, Tensor
+from dctms.schema.types import Binding, Buffer, Intermediate, Plan, SyncPoint, as_kind
 from dctms.schema.verify import MAX_PER_RULE, RULES, verify_plan
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -48,7 +48,8 @@ def weights(plan: Plan, **changes) -> Plan:
 def _output_ends_early(plan: Plan) -> Plan:
     """t2 becomes a phase output (evaluated at the sync point), but keeps its interval [2, 3] (the
     phase ends in slot 4)."""
-    plan = tensor(plan, "t2", kind="output")
+    tensors = [as_kind(t, "output") if t.id == "t2" else t for t in P0(plan).tensors]
+    plan = phase(plan, tensors=tensors)
     extra = Binding("t2", "output", "hidden", [1, 8], "float16")
     sync = SyncPoint(4, "sample next token", evaluate=["k_out", "t2", "out"])
     return phase(plan, outputs=P0(plan).outputs + [extra], sync_points=[sync])
@@ -80,7 +81,7 @@ CASES: list[tuple[str, str, Break]] = [
     (
         "unique_ids",
         "tensor record without producer",
-        lambda p: phase(p, tensors=P0(p).tensors + [Tensor("ghost", [1], "uint8", 1, [0, 0])]),
+        lambda p: phase(p, tensors=P0(p).tensors + [Intermediate("ghost", [1], "uint8", 1, [0, 0])]),
     ),
     (
         "unique_ids",
@@ -194,7 +195,7 @@ CASES: list[tuple[str, str, Break]] = [
     ),
     ("scratch", "scratch bytes differ from the op's", lambda p: op(p, 3, scratch=16)),
     ("scratch", "op declares scratch without a tensor", lambda p: op(p, 4, scratch=8)),
-    ("scratch", "scratch tensor names no op", lambda p: tensor(p, "scratch.3", id="scratch.9")),
+    ("scratch", "scratch tensor names no op", lambda p: tensor(p, "scratch.3", op=9)),
     (
         "scratch",
         "scratch tensor with a wrong shape",

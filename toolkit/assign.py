@@ -1,4 +1,4 @@
-"""Pass 3, assign: physical buffers (the paper's interval colouring) and offsets in one arena.
+"""Pass 4, assign: physical buffers (the paper's interval colouring) and offsets in one arena.
 
 * ``colour``: tensors whose intervals are disjoint may share a buffer; greedy by start time gives
   the minimum number of buffers for an interval graph (Golumbic), each sized to its largest tenant.

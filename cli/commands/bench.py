@@ -197,6 +197,7 @@ def describe_settings(
     import psutil
 
     import dctms
+    from dctms.runner.blas import SWITCH, loaded_blas
 
     try:
         from importlib.metadata import version
@@ -235,6 +236,8 @@ def describe_settings(
         "(two copies of the weights) for every call of either system",
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, "
         f"{psutil.virtual_memory().total / 2**30:.1f} GiB RAM, MLX device {mx.default_device()}",
+        "blas": f"{loaded_blas().describe()}, shared by both systems (one process); "
+        f"{SWITCH}={os.environ.get(SWITCH, 'auto')}",
         "versions": f"python {platform.python_version()}, mlx {mx.__version__}, "
         f"mlx-lm {mlx_lm_version}, dctms {dctms.__version__}",
     }

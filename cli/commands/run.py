@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summary(report: dict) -> str:
+    from dctms.runner.blas import BlasInfo
+
     mib = 2**20
     obs = report["observed"]
     return "\n".join(
@@ -104,6 +106,7 @@ def summary(report: dict) -> str:
             f"{'observed RSS peak':24}{obs['rss_peak_bytes']:>16,}{obs['rss_peak_bytes'] / mib:>12.2f}",
             f"within envelope: {'yes' if report['within_envelope'] else 'NO'} "
             f"(M_max provable / observed = {_ratio(report['envelope_over_observed'])})",
+            f"BLAS: {BlasInfo(**report['blas']).describe()}",
         ]
     )
 
