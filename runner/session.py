@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -136,8 +137,14 @@ class Session:
             mx.set_wired_limit(min(env.provable, cap))
 
     def generate(
-        self, prompt: list[int], max_tokens: int, stop: set[int] | None = None
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        stop: set[int] | None = None,
+        on_token: Callable[[int], bool] | None = None,
     ) -> Generation:
+        """Greedy tokens for ``prompt``. ``on_token`` sees each token as it is read (a server
+        streams them); when it returns False the generation ends there, as at a stop token."""
         check_request(self.plan, len(prompt), max_tokens)
         check_token_ids(self.plan, prompt)
         stop = stop or set()
@@ -145,6 +152,8 @@ class Session:
         token_array = self._prefill(prompt)
         token = int(token_array.item())
         gen = Generation([token], time.perf_counter() - start)
+        if on_token is not None and on_token(token) is False:
+            return gen
         position = len(prompt)
         # Pipelined like mlx-lm's generate_step: step t+1 is built while step t computes, fed
         # with step t's next_token array; the host reads each token as it becomes available.
@@ -161,7 +170,8 @@ class Session:
             gen.token_latencies_s.append(now - t0)
             t0 = now
             gen.tokens.append(token)
-            if token in stop and following is not None:
+            wanted = on_token is None or on_token(token) is not False
+            if (token in stop or not wanted) and following is not None:
                 mx.eval(following)  # let the step already launched finish; its token is dropped
                 following = None
             inflight = following

@@ -33,6 +33,11 @@ class Tokenizer:
         self._chat = None  # transformers' tokenizer, loaded on the first chat prompt
 
     @property
+    def eos_ids(self) -> set[int]:
+        """This folder's end-of-sequence ids (``eos_ids``)."""
+        return eos_ids(self.folder, self)
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(self._config.get("chat_template")) or any(
             (self.folder / name).is_file() for name in CHAT_TEMPLATE_FILES
