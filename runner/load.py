@@ -11,6 +11,7 @@ from dctms.schema.errors import DctmsError
 from dctms.schema.fingerprint import canonical_config_sha256, file_sha256
 from dctms.schema.io import read_plan
 from dctms.schema.model_folder import ModelFolder
+from dctms.schema.rules_runner import RUNNER_INPUTS
 from dctms.schema.types import Plan
 
 
@@ -26,7 +27,8 @@ def _minor(version: str) -> str:
 
 
 def check_runtime(plan: Plan) -> None:
-    """The plan's primitive encoding and backend must be this process's."""
+    """The plan's primitive encoding, backend and phases must be this runner's. Pure: it reads MLX's
+    version and devices and changes nothing (``configure_mlx`` does, when a Session opens)."""
     if _minor(plan.generator.mlx) != _minor(mx.__version__):
         raise DctmsError(
             f"plan was compiled with mlx {plan.generator.mlx}, this runner has mlx {mx.__version__}: "
@@ -34,8 +36,13 @@ def check_runtime(plan: Plan) -> None:
         )
     if plan.target.backend == "gpu" and not mx.is_available(mx.gpu):
         raise DctmsError("plan targets the gpu backend but this machine's MLX has no GPU")
-    # The plan's primitives are those of its backend (a CPU trace decomposes the fast kernels).
-    mx.set_default_device(mx.gpu if plan.target.backend == "gpu" else mx.cpu)
+    names = [p.name for p in plan.phases]
+    for name in RUNNER_INPUTS:
+        if name not in names:
+            raise DctmsError(
+                f"plan has no phase named {name!r} (it has {', '.join(names) or 'none'}); "
+                "the runner executes prefill and decode"
+            )
     for phase in plan.phases:
         for op in phase.ops:
             if op.primitive not in SUPPORTED:
@@ -43,6 +50,12 @@ def check_runtime(plan: Plan) -> None:
                     f"plan uses primitive {op.primitive} (phase {phase.name}, op {op.index}), "
                     f"which this runner cannot execute (mlx {mx.__version__})"
                 )
+
+
+def configure_mlx(plan: Plan) -> None:
+    """Select the plan's device: its primitives are those of its backend (a CPU trace decomposes
+    the fast kernels). The memory limits follow in ``Session.apply_limits``."""
+    mx.set_default_device(mx.gpu if plan.target.backend == "gpu" else mx.cpu)
 
 
 def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = False) -> None:

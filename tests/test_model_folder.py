@@ -18,6 +18,7 @@ import mlx.core as mx
 import pytest
 
 from dctms.runner.load import load_checked_plan
+from dctms.runner.request import validate_request
 from dctms.runner.session import Session
 from dctms.runner.tokenize import eos_ids
 from dctms.schema.errors import DctmsError
@@ -60,8 +61,9 @@ def run_plan(folder: Path, tmp: Path, prompt: list[int], stop: set[int] | None =
     plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK, **kw))
     path = tmp / f"{folder.name}.plan"
     write_plan(plan, path)
-    session = Session(load_checked_plan(path), open_model_folder(folder))
-    return plan, session.generate(prompt, M, stop or set()).tokens
+    checked = load_checked_plan(path)
+    session = Session(checked, open_model_folder(folder))
+    return plan, session.generate(validate_request(checked, prompt, M, stop or set())).tokens
 
 
 def shard(folder: Path, parts: int = 2, index: bool = True) -> None:

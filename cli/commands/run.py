@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from dctms.runner.load import load_checked_plan
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, write_report
-    from dctms.runner.session import Session, check_request, check_token_ids
+    from dctms.runner.request import validate_request
+    from dctms.runner.session import Session
     from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids, parse_token_list
     from dctms.schema.model_folder import open_model_folder
 
@@ -67,12 +68,11 @@ def run(args: argparse.Namespace) -> int:
         # As mlx_lm.generate: the chat template with a user message, when the tokenizer has one.
         prompt = encode_chat(tokenizer, args.prompt, args.system_prompt)
     max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
-    check_request(plan, len(prompt), max_tokens)
-    check_token_ids(plan, prompt)
     stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
+    request = validate_request(plan, prompt, max_tokens, stop)
     with RssSampler() as rss:
         session = Session(plan, model, verify_hashes=args.verify_weights)
-        gen = session.generate(prompt, max_tokens, stop)
+        gen = session.generate(request)
     text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
     report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, prompt)
     if args.report:
