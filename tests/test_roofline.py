@@ -211,4 +211,6 @@ def test_compare_with_a_real_bench_run(tmp_path, capsys):
         assert r["ratio"] == pytest.approx(r["ttft_predicted_ms"] / r["ttft_measured_ms"])
     decode = doc["bench"]["decode"]
     assert decode["measured_tokens_per_s"] == summary["systems"]["runner"]["decode_tokens_per_s"]
-    assert decode["ratio"] > 0
+    assert decode["ratio"] == pytest.approx(
+        decode["measured_tokens_per_s"] / decode["predicted_tokens_per_s"]
+    )

@@ -47,12 +47,13 @@ def largest_fitting(
 ) -> FitResult:
     """The largest value in [1, cap] whose ``measure`` fits ``budget``, never measuring a value twice.
 
-    1 is measured first (so "even 1 does not fit" is certain). Then a bracket [lo fits, hi does
-    not] is grown from ``hint`` (a nearby answer, e.g. the previous chunk's) or from 1 by
-    doubling, and closed by interpolating where M_max crosses the budget: M_max is close to linear
-    in N and M, so the crossing is usually found in a few compiles. An interpolation step that does
-    not halve the bracket is followed by a bisection step, so the search is never worse than about
-    twice plain bisection: at most ~4 log2(cap) calls."""
+    ``hint`` (a nearby answer, e.g. the previous chunk's) is measured first, else 1 (when nothing
+    fits, 1 was measured, so "even 1 does not fit" is certain). Then a bracket [lo fits, hi does
+    not] is grown from there by doubling or a jump to the linear estimate of the crossing, and
+    closed by interpolating where M_max crosses the budget: M_max is close to linear in N and M,
+    so the crossing is usually found in a few compiles. An interpolation step that does not halve
+    the bracket is followed by a bisection step, so the search is never worse than about twice
+    plain bisection: at most ~4 log2(cap) calls."""
     result = FitResult(budget=budget, cap=cap)
     seen: dict[int, int] = {}
 
@@ -62,14 +63,15 @@ def largest_fitting(
             result.probes.append(Probe(value, seen[value], seen[value] <= budget))
         return seen[value]
 
-    if cap < 1 or total(1) > budget:
+    if cap < 1:
         return result
     lo, hi = 1, None  # lo fits; hi (once known) does not
-    if hint is not None and 1 < hint <= cap:
-        if total(hint) <= budget:
-            lo = hint
-        else:
-            hi = hint  # [1, hint] is a bracket already
+    if hint is not None and 1 < hint <= cap and total(hint) <= budget:
+        lo = hint  # so 1 fits too (M_max does not shrink as the value grows)
+    elif total(1) > budget:
+        return result
+    elif hint is not None and 1 < hint <= cap:
+        hi = hint  # [1, hint] is a bracket already
     while hi is None:  # grow: at least double, or jump to the linear estimate of the crossing
         if lo == cap:
             result.best = lo

@@ -1,7 +1,9 @@
 """Roofline prediction against a ``dctms bench`` measurement of the same plan: per prompt, the
 runner's measured TTFT against the TTFT predicted for that prompt's length, and the runner's pooled
-decode tok/s against the predicted one. Ratios are predicted / measured: below 1 the run is slower
-than the roofline allows (overheads the roofline does not count)."""
+decode tok/s against the predicted one. Every ratio is predicted time / measured time (for decode:
+measured tok/s / predicted tok/s), the fraction of the roofline the run reaches: 1 would be a run at
+the target's peak figures, below 1 is time the roofline does not count (dispatch, kernels below
+peak, other processes)."""
 
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def compare_with_bench(plan: Plan, profile: TargetProfile, summary: dict) -> dic
         "decode": {
             "measured_tokens_per_s": measured_decode,
             "predicted_tokens_per_s": predicted_decode,
-            # tok/s: measured / predicted is the fraction of the roofline the run reaches
-            "ratio": _ratio(predicted_decode, measured_decode),
+            # predicted time / measured time = measured tok/s / predicted tok/s
+            "ratio": _ratio(measured_decode, predicted_decode),
         },
     }

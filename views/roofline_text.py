@@ -78,7 +78,11 @@ def roofline_text(plan: Plan, roof: Roofline) -> str:
 
 def comparison_text(cmp: dict) -> str:
     """Predicted against ``dctms bench``'s measurement (``views.roofline_bench.compare_with_bench``)."""
-    lines = ["", f"against dctms bench (plan {cmp.get('bench_plan') or '?'}): predicted / measured"]
+    lines = [
+        "",
+        f"against dctms bench (plan {cmp.get('bench_plan') or '?'}): ratio = predicted time / "
+        "measured time, the fraction of the roofline reached",
+    ]
     lines.append(f"  {'prompt':<8}{'tokens':>7}{'TTFT measured':>16}{'predicted':>12}{'ratio':>9}")
     for r in cmp["ttft"]:
         measured = r["ttft_measured_ms"]
@@ -92,6 +96,6 @@ def comparison_text(cmp: dict) -> str:
     ratio = "-" if d["ratio"] is None else f"{d['ratio']:.3g}"
     lines.append(
         f"  decode tok/s: measured {tokens_per_s_text(d['measured_tokens_per_s'])}, predicted "
-        f"{tokens_per_s_text(d['predicted_tokens_per_s'])}, predicted / measured {ratio}"
+        f"{tokens_per_s_text(d['predicted_tokens_per_s'])}, ratio {ratio}"
     )
     return "\n".join(lines) + "\n"

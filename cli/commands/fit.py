@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
 def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int) -> int:
     from dctms.toolkit.sizes import human
 
-    first = result.probes[0]
+    first = result.probe(1)
     short = first.total - budget
     print(
         f"dctms fit: even {letter} = 1 ({other} = {fixed:,}) needs M_max {human(first.total)}: "
@@ -216,7 +216,7 @@ def _run_chunk_search(
         hint = result.best or hint  # the next chunk's answer is usually close
     fits = [r.best for _, r, _ in found if r.best is not None]
     if not fits:
-        return _nothing_fits(args, found[0][1], letter, other, fixed, budget)
+        return _nothing_fits(args, found[-1][1], letter, other, fixed, budget)
     if letter == "N":
         prompt = args.prompt_tokens or min(fits)
     else:
