@@ -5,40 +5,19 @@
 
 * read bandwidth: ``mx.sum`` over a float32 array much larger than the caches (bytes read / time);
 * matmul: a float32 square matmul (2 n^3 FLOPs / time). On the CPU MLX calls whatever BLAS the
-  process loaded (the reference BLAS of MLX's Linux wheel, or OpenBLAS when preloaded), so the
-  library is named in the profile's source.
+  process loaded (``dctms`` preloads OpenBLAS when MLX carries the reference BLAS, see
+  ``dctms.runner.blas``), so the library that provides ``cblas_sgemm`` is named in the source.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 from dctms.schema.types import TargetProfile
 
 READ_BYTES = 256 * 2**20
 MATMUL_N = 1024
 REPEATS = 5
-
-
-def loaded_blas() -> str:
-    """The BLAS / LAPACK shared libraries mapped into this process (from /proc/self/maps)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return "unknown (no /proc/self/maps)"
-    names = sorted(
-        {
-            line.rsplit("/", 1)[-1]
-            for line in maps.splitlines()
-            if "/" in line and any(k in line.lower() for k in ("blas", "mkl", "accelerate"))
-        }
-    )
-    found = ", ".join(names) if names else "none found in /proc/self/maps"
-    preload = os.environ.get("LD_PRELOAD")
-    # A preloaded library's symbols win over the one MLX links (so its BLAS calls go there).
-    return f"{found} (LD_PRELOAD={preload}, whose symbols win)" if preload else found
 
 
 def _best_seconds(run, repeats: int) -> float:
@@ -81,7 +60,9 @@ def measured_profile(
     device = str(mx.default_device())
     bandwidth = measure_read_bandwidth(read_bytes, repeats)
     flops = measure_matmul_flops(matmul_n, repeats)
-    blas = loaded_blas()
+    from dctms.runner.blas import loaded_blas
+
+    blas = loaded_blas().describe()
     return TargetProfile(
         name="measured",
         peak_flops=flops,

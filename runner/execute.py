@@ -20,7 +20,6 @@ import mlx.core as mx
 
 from dctms.runner import primitives
 from dctms.runner.primitives import apply_op, args_from_json, dtype_from_name
-from dctms.schema.io import from_json_value
 from dctms.schema.types import Phase
 
 
@@ -65,7 +64,7 @@ class PhaseProgram:
         self.inputs = [(b.id, b.kind, b.name) for b in phase.inputs]
         self.outputs = [(b.id, b.kind, b.name) for b in phase.outputs]
         self.constants = {
-            c.id: mx.array(from_json_value(c.value), dtype=dtype_from_name(c.dtype)).reshape(
+            c.id: mx.array(c.value, dtype=dtype_from_name(c.dtype)).reshape(
                 c.shape
             )
             for c in phase.constants

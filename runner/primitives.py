@@ -20,7 +20,6 @@ This module must not import mlx-lm or ``dctms.toolkit``.
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import mlx.core as mx
 
 from dctms.schema.errors import DctmsError
-from dctms.schema.values import args_to_json, dtype_name  # noqa: F401  (re-exported)
+from dctms.schema.values import args_to_plain, dtype_name
 
 Handler = Callable[[list, list[mx.array]], "mx.array | list[mx.array]"]
 
@@ -36,13 +35,12 @@ Handler = Callable[[list, list[mx.array]], "mx.array | list[mx.array]"]
 # JSON argument encoding
 # --------------------------------------------------------------------------------------------------
 
-# Argument positions that hold a float (C++ float/double in the primitive's state); only these may
-# carry the non-finite spellings "inf", "-inf", "nan". Anywhere else a string stays a string.
+# Argument positions that hold a float (C++ float/double in the primitive's state): a string there
+# is refused (the plan codec already turned "inf"/"-inf"/"nan" back into floats).
 _FLOAT_ARGS: dict[str, tuple[int, ...]] = {
     "Arange": (0, 1, 2),  # start, stop, step
     "AddMM": (0, 1),  # alpha, beta
 }
-_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
 def dtype_from_name(name: str) -> mx.Dtype:
@@ -56,11 +54,10 @@ def dtype_from_name(name: str) -> mx.Dtype:
 
 
 def args_from_json(args: list, primitive: str | None = None) -> list:
-    """Decode :func:`args_to_json`'s encoding.
+    """Inverse of :func:`args_to_plain`: ``{"dtype": name}`` becomes an ``mx.Dtype`` anywhere.
 
-    ``{"dtype": name}`` becomes an ``mx.Dtype`` anywhere. ``"inf"``/``"-inf"``/``"nan"`` become floats
-    only at the float positions of ``primitive`` (a string argument may legitimately be a string, e.g.
-    a quantisation mode). Decoding already-decoded arguments is a no-op.
+    The float positions of ``primitive`` must hold numbers (a string argument elsewhere may
+    legitimately be a string, e.g. a quantisation mode). Decoding decoded arguments is a no-op.
     """
 
     def dec(value: Any) -> Any:
@@ -73,9 +70,7 @@ def args_from_json(args: list, primitive: str | None = None) -> list:
     out = [dec(a) for a in args]
     for i in _FLOAT_ARGS.get(primitive or "", ()):
         if i < len(out) and isinstance(out[i], str):
-            if out[i] not in _NONFINITE:
-                raise DctmsError(f"{primitive}: argument {i} is {out[i]!r}, expected a number")
-            out[i] = _NONFINITE[out[i]]
+            raise DctmsError(f"{primitive}: argument {i} is {out[i]!r}, expected a number")
     return out
 
 
@@ -440,12 +435,12 @@ def apply_op(
             outs = out if isinstance(out, list) else [out]
     except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as err:
         # wrong input count, an enum value out of range, arguments MLX rejects, ...
-        raise DctmsError(f"{primitive} {args_to_json(args)}: {err}") from err
+        raise DctmsError(f"{primitive} {args_to_plain(args)}: {err}") from err
     got = [(tuple(o.shape), o.dtype) for o in outs]
     want = list(zip(shapes, dtypes, strict=False))  # a length mismatch is caught below
     if got != want or len(shapes) != len(dtypes):
         raise DctmsError(
-            f"{primitive} {args_to_json(args)} produced "
+            f"{primitive} {args_to_plain(args)} produced "
             f"{[(s, dtype_name(d)) for s, d in got]}, the plan says {[(s, dtype_name(d)) for s, d in want]}"
         )
     return outs

@@ -8,10 +8,9 @@ complain), JSON Schema validation (every error), msgspec decoding and the semant
 raises ``PlanError`` listing every problem -- never anything else, whatever the bytes. ``read_plan``
 adds file-level checks.
 
-Non-finite floats: JSON has no inf/nan, so inside ``Constant.value`` and ``Op.args`` they are written
-as the strings "inf", "-inf" and "nan" (``to_json_value``) and turned back into floats on reading
-(``from_json_value``). Consequently a genuine string "inf"/"-inf"/"nan" in those two fields reads back
-as a float. Non-finite floats anywhere else cannot be written.
+Non-finite floats inside ``Constant.value`` and ``Op.args``: the codec of ``values`` is applied here
+once on encode (``to_json_value``) and once on decode (``from_json_value``); nothing else converts
+them. Non-finite floats anywhere else cannot be written.
 """
 
 from __future__ import annotations
@@ -30,36 +29,12 @@ from dctms.schema.layout import layout
 from dctms.schema.paths import json_path
 from dctms.schema.schema_check import schema_problems
 from dctms.schema.types import Plan
+from dctms.schema.values import from_json_value, to_json_value
 from dctms.schema.verify import verify_plan
 from dctms.schema.versions import version_problem
 
 # A 7B plan is about 2 MB; refuse anything far larger before reading it into memory.
 MAX_PLAN_FILE_BYTES = 256 * 2**20
-
-_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
-
-
-def to_json_value(value: Any) -> Any:
-    """``value`` with non-finite floats (at any depth) replaced by "inf", "-inf" or "nan"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, (list, tuple)):
-        return [to_json_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: to_json_value(v) for k, v in value.items()}
-    return value
-
-
-def from_json_value(value: Any) -> Any:
-    """Inverse of ``to_json_value``: the strings "inf", "-inf", "nan" (at any depth) become floats."""
-    if isinstance(value, str):
-        return _NON_FINITE.get(value, value)
-    if isinstance(value, list):
-        return [from_json_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: from_json_value(v) for k, v in value.items()}
-    return value
-
 
 # ---------------------------------------------------------------------------------------------- write
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dctms.schema.types import Binding, Phase, Plan, Tensor
+from dctms.schema.types import Binding, Phase, Plan, Scratch, Tensor
 
 
 @dataclass
@@ -49,13 +49,10 @@ def valid_interval(tensor: Tensor, num_slots: int) -> bool:
 
 
 def scratch_owner(tensor: Tensor, op_at_index: dict[int, int]) -> int | None:
-    """Position of the op owning a scratch tensor ``scratch.N`` (None if malformed or absent)."""
-    if tensor.kind != "scratch" or not tensor.id.startswith("scratch."):
+    """Position of the op owning a scratch tensor (None for other tensors or an unknown op)."""
+    if not isinstance(tensor, Scratch):
         return None
-    number = tensor.id.removeprefix("scratch.")
-    if not number.isdigit():
-        return None
-    return op_at_index.get(int(number))
+    return op_at_index.get(tensor.op)
 
 
 def build_index(phase: Phase, path: str) -> PhaseIndex:

@@ -61,6 +61,8 @@ def _describe(error: ValidationError) -> list[tuple[list[str | int], str]]:
         known = error.schema.get("properties", {})
         extra = [name for name in instance if name not in known]
         return [(parts + [name], "unknown field (not in the plan schema)") for name in extra]
+    if kind in ("anyOf", "oneOf") and "discriminator" in error.schema and isinstance(instance, dict):
+        return _describe_tagged(error, parts)
     if kind in ("anyOf", "oneOf"):
         # An optional field: report why the non-null branch rejected the value, or both types.
         deeper = [sub for sub in error.context or () if sub.validator != "type"]
@@ -69,6 +71,22 @@ def _describe(error: ValidationError) -> list[tuple[list[str | int], str]]:
         types = [s.get("type") or _kind_of(s) for s in value if isinstance(s, dict)]
         return [(parts, f"expected {' or '.join(map(str, types))}, got {_show(instance)}")]
     return [(parts, _message(kind, value, instance, error))]
+
+
+def _describe_tagged(
+    error: ValidationError, parts: list[str | int]
+) -> list[tuple[list[str | int], str]]:
+    """A tagged union (tensor variants): the tag names the one branch whose errors count."""
+    field = error.schema["discriminator"]["propertyName"]
+    mapping: dict[str, str] = error.schema["discriminator"]["mapping"]
+    tag = error.instance.get(field)
+    if field not in error.instance:
+        return [(parts + [field], "missing required field")]
+    if tag not in mapping:
+        return [(parts + [field], _message("enum", list(mapping), tag, error))]
+    branch = next(i for i, s in enumerate(error.validator_value) if s.get("$ref") == mapping[tag])
+    chosen = [sub for sub in error.context or () if sub.relative_schema_path[0] == branch]
+    return [item for sub in chosen for item in _describe(sub)]
 
 
 def _message(kind: str, value: Any, instance: Any, error: ValidationError) -> str:

@@ -10,11 +10,11 @@ the tensor is written in slot ``s`` and last read in slot ``e`` (both inclusive)
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Bound byte counts so absurd sizes (10^30) are rejected at decode time: 2^53 bytes = 8 PiB.
 MAX_BYTES = 2**53
@@ -35,6 +35,12 @@ Shape = list[Int]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Interval = Annotated[list[Int], msgspec.Meta(min_length=2, max_length=2)]
+
+# Closed sets of names: anything else fails to decode.
+Backend = Literal["cpu", "gpu"]
+StateKind = Literal["kv", "persistent"]
+BindingKind = Literal["input", "weight", "state", "output"]
+TensorKind = Literal["intermediate", "output", "state", "scratch"]
 
 
 class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -112,7 +118,7 @@ class TargetProfile(_Base):
 
 
 class Target(_Base):
-    backend: Name  # "cpu" or "gpu": the MLX device the graph was traced for
+    backend: Backend  # the MLX device the graph was traced for
     alignment: Positive
     profile: TargetProfile
     device_memory: ByteCount | None = None
@@ -128,7 +134,7 @@ class StateTensor(_Base):
     """Memory that lives across steps, allocated once at plan capacity (KV cache, ...)."""
 
     name: Name
-    kind: Name  # "kv" or "persistent"
+    kind: StateKind
     shape: Shape
     dtype: Name
     bytes: ByteCount
@@ -143,7 +149,7 @@ class Binding(_Base):
     """
 
     id: Name
-    kind: Literal["input", "weight", "state", "output"]
+    kind: BindingKind
     name: Name
     shape: Shape
     dtype: Name
@@ -171,8 +177,12 @@ class Op(_Base):
     scratch: ByteCount = 0  # temporary bytes MLX allocates inside this op (e.g. contiguous copies)
 
 
-class Tensor(_Base):
-    """A primitive output. Views (``view_of`` set) alias another tensor's bytes and own none."""
+class Tensor(_Base, tag_field="kind"):
+    """What every tensor record has. A plan holds only the variants below, told apart by ``kind``.
+
+    Views (``view_of`` set) alias another tensor's bytes and own none; a tensor that owns bytes is an
+    arena tenant with a ``buffer`` and an ``offset``.
+    """
 
     id: Name
     shape: Shape
@@ -182,8 +192,46 @@ class Tensor(_Base):
     buffer: Int | None = None
     offset: ByteCount | None = None
     view_of: Name | None = None
-    # "scratch": a temporary MLX allocates inside op N (id "scratch.N", shape [bytes], uint8)
-    kind: Literal["intermediate", "state", "output", "scratch"] = "intermediate"
+    kind: ClassVar[TensorKind]
+
+
+class Intermediate(Tensor, tag="intermediate"):
+    """A primitive output that is neither a phase output nor the cache: lives between two slots."""
+
+    kind: ClassVar[Literal["intermediate"]] = "intermediate"
+
+
+class Output(Tensor, tag="output"):
+    """A phase output the runner reads back (``next_token``): live until the last slot."""
+
+    kind: ClassVar[Literal["output"]] = "output"
+
+
+class StateView(Tensor, tag="state"):
+    """The cache after an in-place update: a view of the state input binding named by ``view_of``."""
+
+    kind: ClassVar[Literal["state"]] = "state"
+
+
+class Scratch(Tensor, tag="scratch", kw_only=True):
+    """A temporary MLX allocates inside op ``op`` (its ``Op.index``): uint8 of shape ``[bytes]``."""
+
+    op: Int
+    kind: ClassVar[Literal["scratch"]] = "scratch"
+
+
+AnyTensor = Intermediate | Output | StateView | Scratch
+TENSOR_VARIANTS: dict[str, type[Tensor]] = {
+    cls.kind: cls for cls in (Intermediate, Output, StateView, Scratch)
+}
+
+
+def as_kind(tensor: Tensor, kind: str) -> AnyTensor:
+    """``tensor`` as the variant ``kind`` (same fields; a scratch owner is kept only by scratch)."""
+    fields = msgspec.structs.asdict(tensor)
+    if kind != "scratch":
+        fields.pop("op", None)
+    return TENSOR_VARIANTS[kind](**fields)
 
 
 class Buffer(_Base):
@@ -208,12 +256,17 @@ class Phase(_Base):
     outputs: list[Binding]
     constants: list[Constant]
     ops: list[Op]
-    tensors: list[Tensor]
+    tensors: list[AnyTensor]
     buffers: list[Buffer]
     slots: list[list[Int]]
     sync_points: list[SyncPoint]
     arena_bytes: ByteCount
     lower_bound_bytes: ByteCount
+    # What proves arena_bytes minimal: "lower_bound" (it equals lower_bound_bytes), "search" (an
+    # exhaustive search found no packing in fewer bytes), or absent when nothing does; then
+    # arena_gap_bytes says how far above a proven lower bound on the optimum the arena may be.
+    arena_optimal: Literal["lower_bound", "search"] | None = None
+    arena_gap_bytes: ByteCount = 0
     # Most bytes the allocator's cache reuse can add at once: max over slots of the sum over live
     # arena tenants of min(bytes, target.allocator_slack). M_intermediate covers arena + slack.
     slack_bytes: ByteCount = 0

@@ -15,7 +15,8 @@ cannot hide behind the planner's own assumptions. Each check is a rule with a st
   constant), never another view; a view has no buffer and no offset, and extends its root's interval;
   a tensor of kind "state" owns no arena bytes (by convention it is a view of the state input
   binding it updates);
-- a scratch tensor ``scratch.N`` is op N's temporary: uint8 of shape ``[ops[N].scratch]``;
+- a scratch tensor is the temporary of the op its ``op`` field names: uint8 of shape
+  ``[ops[op].scratch]``;
 - a phase output (kind "output") lives until the phase's last slot and is evaluated at a sync point;
   what a sync point evaluates was made since the previous one.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from dctms.schema import rules_graph, rules_memory, rules_totals
+from dctms.schema import rules_graph, rules_memory, rules_runner, rules_totals
 from dctms.schema.errors import Problem
 from dctms.schema.phase_index import PlanIndex, build_plan_index
 from dctms.schema.types import Plan
@@ -57,12 +58,16 @@ RULES: dict[str, Rule] = {
     "buffer_holds_tenants": rules_memory.buffer_holds_tenants,
     "buffer_sized": rules_memory.buffer_sized,
     "arena_bounds": rules_memory.arena_bounds,
+    "arena_claim": rules_memory.arena_claim,
     "bounds": rules_totals.bounds,
     "state_kind": rules_totals.state_kind,
     "weights_fingerprint": rules_totals.weights_fingerprint,
     "bindings": rules_totals.bindings,
     "envelope_sum": rules_totals.envelope_sum,
     "stats": rules_totals.stats,
+    "runner_names": rules_runner.runner_names,
+    "vocabulary": rules_runner.vocabulary,
+    "state_capacity": rules_runner.state_capacity,
 }
 
 

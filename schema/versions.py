@@ -4,7 +4,11 @@ Policy: every struct in ``types`` forbids unknown fields, so a plan that carries
 not know cannot be read safely. Any change to the plan format (a field the compiler adds later, a field
 removed or renamed, a changed meaning) is therefore a ``SCHEMA_VERSION`` step, together with a new
 ``$id`` in ``plan.schema.json`` (``plan-v<N>.json``). A reader refuses plans newer than it understands
-with a one-line message that says what to do, and refuses versions it never knew (< ``OLDEST_SUPPORTED``).
+with a one-line message that says what to do, refuses older ones (< ``OLDEST_SUPPORTED``) with a
+line saying how to recompile them, and versions that never existed (< 1) as not a plan version.
+
+History: 1, the first format. 2, tensor records are a tagged union on ``kind`` (always written) and a
+scratch tensor names its op in ``op``; ``Target.backend`` and ``StateTensor.kind`` are closed sets.
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 from dctms.schema.errors import Problem
 from dctms.schema.types import SCHEMA_VERSION
 
-OLDEST_SUPPORTED = 1
+OLDEST_SUPPORTED = 2  # the reader understands exactly this range
 SCHEMA_ID = f"https://dctms.dev/schema/plan-v{SCHEMA_VERSION}.json"
 
 
@@ -35,11 +39,18 @@ def version_problem(document: object) -> Problem | None:
             "upgrade dctms (pip install -U dctms) or recompile the plan with this version",
             "schema_version",
         )
-    if version < OLDEST_SUPPORTED:
+    if 1 <= version < OLDEST_SUPPORTED:
+        return Problem(
+            "$",
+            f"plan schema_version {version} is older than this dctms ({SCHEMA_VERSION}): "
+            "recompile it with `dctms compile`",
+            "schema_version",
+        )
+    if version < 1:
         return Problem(
             "$",
             f"plan schema_version {version} is not a dctms plan version (this dctms reads "
-            f"{OLDEST_SUPPORTED}..{SCHEMA_VERSION}); recompile the plan with this version",
+            f"{OLDEST_SUPPORTED}..{SCHEMA_VERSION}); recompile the plan with `dctms compile`",
             "schema_version",
         )
     return None

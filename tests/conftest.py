@@ -16,6 +16,8 @@ Arena tenants t0 [0,2], t2 [2,3], t3 [3,4], out [4,4] (alignment 64): buffer 0 =
 from __future__ import annotations
 
 import math
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,22 +32,41 @@ from dctms.schema.types import (
     Constant,
     Envelope,
     Generator,
+    Intermediate,
     KVStorage,
     ModelInfo,
     Op,
+    Output,
     Phase,
     Plan,
+    Scratch,
     StateTensor,
+    StateView,
     Stats,
     SyncPoint,
     Target,
     TargetProfile,
-    Tensor,
     Weights,
     WeightTensor,
 )
 
 SHA = "0" * 63 + "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite runs on the BLAS the ``dctms`` commands use: a ``pytest`` started without
+    OpenBLAS preloaded re-executes itself once with it (dctms.runner.blas; DCTMS_BLAS=off keeps
+    MLX's own). Only a pytest started from the command line: a host program calling
+    ``pytest.main`` is left as it is."""
+    from dctms.runner.blas import planned_preload, reexec_with_fast_blas
+
+    program = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if program not in ("pytest", "py.test", "__main__.py") or planned_preload() is None:
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.stop_global_capturing()  # the new process must write to the real stdout/stderr
+    reexec_with_fast_blas()
 
 
 # A two-layer random-weight qwen2 config the runner tests build models from (toolkit.tiny_model).
@@ -95,19 +116,20 @@ def make_tiny_plan() -> Plan:
             Op(5, "ArgMax", ["t3"], ["out"], args=[1, False]),
         ],
         tensors=[
-            Tensor("t0", [1, 1, 8], "float16", 16, [0, 2], buffer=0, offset=0),
-            Tensor("t1", [1, 8], "float16", 16, [1, 2], view_of="t0"),
-            Tensor("t2", [1, 8], "float16", 16, [2, 3], buffer=1, offset=64),
-            Tensor("k_out", kv_shape, "float16", 256, [1, 1], view_of="k_in", kind="state"),
-            Tensor("scratch.3", [8], "uint8", 8, [1, 1], buffer=1, offset=64, kind="scratch"),
-            Tensor("t3", [1, 8], "float16", 16, [3, 4], buffer=0, offset=0),
-            Tensor("out", [1], "uint32", 4, [4, 4], buffer=1, offset=64, kind="output"),
+            Intermediate("t0", [1, 1, 8], "float16", 16, [0, 2], buffer=0, offset=0),
+            Intermediate("t1", [1, 8], "float16", 16, [1, 2], view_of="t0"),
+            Intermediate("t2", [1, 8], "float16", 16, [2, 3], buffer=1, offset=64),
+            StateView("k_out", kv_shape, "float16", 256, [1, 1], view_of="k_in"),
+            Scratch("scratch.3", [8], "uint8", 8, [1, 1], buffer=1, offset=64, op=3),
+            Intermediate("t3", [1, 8], "float16", 16, [3, 4], buffer=0, offset=0),
+            Output("out", [1], "uint32", 4, [4, 4], buffer=1, offset=64),
         ],
         buffers=[Buffer(0, 16), Buffer(1, 16)],
         slots=[[0], [1, 3], [2], [4], [5]],
         sync_points=[SyncPoint(4, "sample next token", evaluate=["k_out", "out"])],
         arena_bytes=128,
         lower_bound_bytes=128,
+        arena_optimal="lower_bound",
     )
     return Plan(
         schema_version=SCHEMA_VERSION,

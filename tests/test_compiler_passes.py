@@ -92,7 +92,9 @@ def test_packing_is_valid_and_near_the_bound(seed: int) -> None:
     intervals, sizes = _random_intervals(seed, 400, 100)
     aligned = [assign.align_up(s, 64) for s in sizes]
     lower = assign.lower_bound(intervals, aligned, 100)
-    offsets, arena = assign.pack(intervals, sizes, 64, floor=lower)
+    packing = assign.pack(intervals, sizes, 64)
+    offsets, arena = packing.offsets, packing.arena
+    assert packing.lower_bound == lower
     assert all(o % 64 == 0 for o in offsets)
     for i in range(len(intervals)):
         assert offsets[i] + aligned[i] <= arena
@@ -283,16 +285,16 @@ def test_compile_cli_lists_every_target_profile() -> None:
 
 def test_allocator_slack_by_hand() -> None:
     from dctms.schema.sizes import slack_bytes
-    from dctms.schema.types import Tensor
+    from dctms.schema.types import Intermediate, StateView
 
-    def t(tid, size, interval, **kw):
-        return Tensor(tid, [size], "uint8", size, interval, buffer=0, offset=0, **kw)
+    def t(tid, size, interval, variant=Intermediate, **kw):
+        return variant(tid, [size], "uint8", size, interval, buffer=0, offset=0, **kw)
 
     tensors = [
         t("a", 100, [0, 1]),  # small: may cost up to 100 more
         t("b", 50_000, [1, 2]),  # large: up to the slack (8,192) more
         t("c", 10, [2, 2], view_of="b"),  # a view owns no buffer
-        t("d", 30, [2, 2], kind="state", view_of="k"),  # state: not an arena tenant
+        t("d", 30, [2, 2], StateView, view_of="k"),  # state: not an arena tenant
     ]
     assert slack_bytes(tensors, 3, 8192) == 100 + 8192  # slot 1: a and b live
     assert slack_bytes(tensors, 3, 0) == 0

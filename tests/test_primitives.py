@@ -25,8 +25,9 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
 from dctms.runner import primitives as P
-from dctms.runner.primitives import SUPPORTED, apply_op, args_from_json, args_to_json
+from dctms.runner.primitives import SUPPORTED, apply_op, args_from_json
 from dctms.schema.errors import DctmsError
+from dctms.schema.values import args_to_plain, from_json_value, to_json_value
 
 # --------------------------------------------------------------------------------------------------
 # Trace / interpret / compare helpers
@@ -61,7 +62,9 @@ def interpreter(events: list[dict]) -> Callable:
     mx.eval(list(constants.values()))
     ops = []
     for e in _ops(events):
-        args = json.loads(json.dumps(args_to_json(e["arguments"]), allow_nan=False))
+        # Through the plan codec, as a plan file would carry them.
+        text = json.dumps(to_json_value(args_to_plain(e["arguments"])), allow_nan=False)
+        args = from_json_value(json.loads(text))
         ops.append(
             (
                 e["name"],
@@ -100,7 +103,7 @@ def structure(events: list[dict]) -> list[tuple]:
     return [
         (
             e["name"],
-            json.dumps(args_to_json(e["arguments"])),
+            json.dumps(args_to_plain(e["arguments"])),
             tuple(i[0] for i in e["inputs"]),
             tuple((o[0], tuple(o[1]), str(o[2])) for o in e["outputs"]),
         )
@@ -137,15 +140,20 @@ def names(events: list[dict]) -> list[str]:
 
 def test_args_json_round_trip() -> None:
     raw = [[0, 1], (2, 3), mx.bfloat16, 1.5, float("-inf"), True, "affine"]
-    enc = args_to_json(raw)
-    assert enc == [[0, 1], [2, 3], {"dtype": "bfloat16"}, 1.5, "-inf", True, "affine"]
-    json.dumps(enc, allow_nan=False)
+    enc = args_to_plain(raw)
+    assert enc == [[0, 1], [2, 3], {"dtype": "bfloat16"}, 1.5, float("-inf"), True, "affine"]
+    json.dumps(to_json_value(enc), allow_nan=False)  # the plan codec makes them JSON
     dec = args_from_json(enc)
-    assert dec[2] == mx.bfloat16 and dec[4] == "-inf" and dec[6] == "affine"  # no float context
+    assert dec[2] == mx.bfloat16 and dec[4] == float("-inf") and dec[6] == "affine"
     assert args_from_json([{"dtype": "bool"}]) == [mx.bool_]
-    assert args_to_json([mx.bool_]) == [{"dtype": "bool"}]
-    assert args_from_json(["-inf", "inf", 1.0], "Arange")[:2] == [float("-inf"), float("inf")]
+    assert args_to_plain([mx.bool_]) == [{"dtype": "bool"}]
+    assert args_from_json([float("-inf"), float("inf"), 1.0], "Arange")[:2] == [
+        float("-inf"),
+        float("inf"),
+    ]
     assert args_from_json(args_from_json(enc)) == dec  # idempotent
+    with pytest.raises(DctmsError, match="expected a number"):
+        args_from_json(["-inf", 1.0, 1.0], "Arange")  # the codec, not the runner, decodes these
     with pytest.raises(DctmsError, match="unknown dtype"):
         args_from_json([{"dtype": "float7"}])
     with pytest.raises(DctmsError, match="expected a number"):

@@ -61,7 +61,14 @@ def expected_shape(t: mi.Type) -> dict[str, Any]:
     if isinstance(t, mi.LiteralType):
         return {"enum": list(t.values)}
     if isinstance(t, mi.UnionType):
-        return {"anyOf": [expected_shape(x) for x in t.types]}
+        out = {"anyOf": [expected_shape(x) for x in t.types]}
+        tagged = [x for x in t.types if isinstance(x, mi.StructType) and x.tag_field is not None]
+        if tagged:  # a tagged union: the tag field says which struct
+            out["discriminator"] = {
+                "propertyName": tagged[0].tag_field,
+                "mapping": {x.tag: f"#/$defs/{x.cls.__name__}" for x in tagged},
+            }
+        return out
     raise AssertionError(f"no JSON Schema mapping for {t!r}")
 
 
@@ -124,10 +131,13 @@ def drift(root: type, schema: dict[str, Any]) -> list[str]:
         d = defs.get(name)
         if d is None:
             continue
-        fields = [f.encode_name for f in info.fields]
+        tag = [info.tag_field] if info.tag_field is not None else []  # written first
+        fields = tag + [f.encode_name for f in info.fields]
         if list(d.get("properties", {})) != fields:
             out.append(f"{name}: properties {list(d.get('properties', {}))} != fields {fields}")
-        required = [f.encode_name for f in info.fields if f.required]
+        if tag and _strip(d["properties"][info.tag_field]) != {"enum": [info.tag]}:
+            out.append(f"{name}.{info.tag_field}: schema is not the tag {info.tag!r}")
+        required = tag + [f.encode_name for f in info.fields if f.required]
         if d.get("required", []) != required:
             out.append(f"{name}: required {d.get('required', [])} != {required}")
         if d.get("additionalProperties") is not False or d.get("type") != "object":
@@ -162,7 +172,7 @@ def test_schema_is_draft_2020_12_with_versioned_id() -> None:
 
 
 def test_byte_counts_are_bounded_integers() -> None:
-    tensor = plan_schema()["$defs"]["Tensor"]["properties"]["bytes"]
+    tensor = plan_schema()["$defs"]["Intermediate"]["properties"]["bytes"]
     assert tensor == {"type": "integer", "minimum": 0, "maximum": MAX_BYTES}
     assert MAX_BYTES == 2**53
 
@@ -177,14 +187,15 @@ def test_valid_plan_passes_the_json_schema(tiny_plan_bytes: bytes) -> None:
 # The comparison must be able to fail: each of these drifts is caught.
 
 
-class Tensor(types.Tensor):
-    """The real Tensor plus a field nobody added to the schema."""
+class Intermediate(types.Intermediate, tag="intermediate"):
+    """The real Intermediate plus a field nobody added to the schema."""
 
     extra: int = 0
 
 
 class Phase(types.Phase):
-    tensors: list[Tensor]  # same field, pointing at the drifted Tensor
+    # same field, pointing at the drifted Intermediate
+    tensors: list[Intermediate | types.Output | types.StateView | types.Scratch]
 
 
 class DriftedPlan(types.Plan):
@@ -200,21 +211,21 @@ def _renamed(schema: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_field_added_to_a_struct_is_drift() -> None:
     found = drift(DriftedPlan, _renamed(plan_schema()))
-    assert any(line.startswith("Tensor: properties") and "extra" in line for line in found)
+    assert any(line.startswith("Intermediate: properties") and "extra" in line for line in found)
 
 
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (lambda d: d["Tensor"]["properties"].pop("offset"), "Tensor: properties"),
-        (lambda d: d["Tensor"]["required"].remove("interval"), "Tensor: required"),
+        (lambda d: d["Intermediate"]["properties"].pop("offset"), "Intermediate: properties"),
+        (lambda d: d["Intermediate"]["required"].remove("interval"), "Intermediate: required"),
         (
             lambda d: d["Buffer"].__setitem__("additionalProperties", True),
             "Buffer: must be a closed",
         ),
         (
-            lambda d: d["Tensor"]["properties"]["bytes"].__setitem__("maximum", 2**64),
-            "Tensor.bytes",
+            lambda d: d["Intermediate"]["properties"]["bytes"].__setitem__("maximum", 2**64),
+            "Intermediate.bytes",
         ),
         (
             lambda d: d["Op"]["properties"]["inputs"]["items"].__setitem__("type", "integer"),

@@ -17,12 +17,11 @@ from dctms.schema.errors import DctmsError, PlanError
 from dctms.schema.io import (
     decode_plan,
     encode_plan,
-    from_json_value,
     read_plan,
-    to_json_value,
     write_plan,
 )
 from dctms.schema.types import SCHEMA_VERSION, Plan, Weights
+from dctms.schema.values import from_json_value, to_json_value
 
 # -------------------------------------------------------------------------------------- canonical text
 
@@ -36,7 +35,7 @@ def test_same_plan_same_bytes(tiny_plan: Plan) -> None:
 
 def test_layout_one_record_per_line(tiny_plan: Plan) -> None:
     lines = encode_plan(tiny_plan).decode().splitlines()
-    assert lines[:2] == ["{", '  "schema_version": 1,']
+    assert lines[:2] == ["{", f'  "schema_version": {SCHEMA_VERSION},']
     phase = tiny_plan.phases[0]
     assert sum('"primitive":' in line for line in lines) == len(phase.ops)
     assert sum('"interval":' in line for line in lines) == len(phase.tensors)
@@ -144,6 +143,24 @@ def test_unknown_old_schema_version(tiny_plan_bytes: bytes, version: int) -> Non
     assert f"schema_version {version} is not a dctms plan version" in str(err.value)
 
 
+def test_older_schema_version_says_how_to_recompile(tiny_plan_bytes: bytes) -> None:
+    # A version-1 document: tensors carry no "kind" tag and scratch names its op only in its id.
+    def as_v1(document: dict) -> None:
+        document["schema_version"] = 1
+        for t in document["phases"][0]["tensors"]:
+            t.pop("op", None)
+            if t["kind"] == "intermediate":
+                del t["kind"]
+
+    with pytest.raises(PlanError) as err:
+        decode_plan(_mutated(tiny_plan_bytes, as_v1), "old.plan")
+    assert len(err.value.problems) == 1
+    assert str(err.value) == (
+        f"old.plan: plan schema_version 1 is older than this dctms ({SCHEMA_VERSION}): "
+        "recompile it with `dctms compile`"
+    )
+
+
 @pytest.mark.parametrize("version", ["1", 1.5, True, None])
 def test_non_integer_schema_version_is_a_schema_error(tiny_plan_bytes: bytes, version) -> None:
     with pytest.raises(PlanError) as err:
@@ -207,7 +224,7 @@ def test_integral_float_for_an_integer_is_refused(tiny_plan_bytes: bytes) -> Non
 
 
 def test_semantic_problems_come_from_the_verifier(tiny_plan_bytes: bytes) -> None:
-    data = tiny_plan_bytes.replace(b'"offset":64,"kind":"output"', b'"offset":0,"kind":"output"')
+    data = tiny_plan_bytes.replace(b'[4,4],"buffer":1,"offset":64}', b'[4,4],"buffer":1,"offset":0}')
     # out (tensors[6]) moved onto t3's bytes while both are live in slot 4.
     assert _problems(data) == [
         (

@@ -24,7 +24,20 @@ from msgspec.structs import replace
 from dctms.schema.io import decode_plan, encode_plan
 from dctms.schema.phase_index import build_plan_index
 from dctms.schema.sizes import align_up, is_arena_tenant, lower_bound_bytes, nbytes
-from dctms.schema.types import Binding, Buffer, Op, Phase, Plan, Stats, SyncPoint, Tensor
+from dctms.schema.types import (
+    Binding,
+    Buffer,
+    Intermediate,
+    Op,
+    Output,
+    Phase,
+    Plan,
+    Scratch,
+    StateView,
+    Stats,
+    SyncPoint,
+    Tensor,
+)
 from dctms.schema.verify import MAX_PER_RULE, RULES, verify_plan
 
 EXTERNAL = ("tok", "w_emb", "k_in")  # the tiny plan's input binding, weight and KV cache
@@ -105,34 +118,30 @@ def build_plan(specs: list[OpSpec], outputs: set[int], alignment: int = 64) -> P
         spec = specs[i]
         if spec.state:
             tensors.append(
-                Tensor(
+                StateView(
                     tid,
                     state_in.shape,
                     state_in.dtype,
                     nbytes(state_in.shape, state_in.dtype),
                     [slot[i], end[tid]],
                     view_of=STATE_IN,
-                    kind="state",
                 )
             )
         else:
             tensors.append(
-                Tensor(
+                (Output if i in outputs else Intermediate)(
                     tid,
                     spec.shape,
                     spec.dtype,
                     nbytes(spec.shape, spec.dtype),
                     [slot[i], end[tid]],
                     view_of=root[tid],
-                    kind="output" if i in outputs else "intermediate",
                 )
             )
         if spec.scratch:
             interval = [slot[i], kept(slot[i], spec.widen)]
             tensors.append(
-                Tensor(
-                    f"scratch.{i}", [spec.scratch], "uint8", spec.scratch, interval, kind="scratch"
-                )
+                Scratch(f"scratch.{i}", [spec.scratch], "uint8", spec.scratch, interval, op=i)
             )
     tensors = _assign(tensors, alignment)
     buffers = _buffers(tensors)
@@ -168,6 +177,9 @@ def build_plan(specs: list[OpSpec], outputs: set[int], alignment: int = 64) -> P
         sync_points=_sync_points(specs, ids, slot, syncs, outputs | set(state_ops)),
         arena_bytes=arena,
         lower_bound_bytes=bound,
+        # This generator's own packing proves nothing beyond the lower bound.
+        arena_optimal="lower_bound" if arena == bound else None,
+        arena_gap_bytes=arena - bound,
     )
     env = base.envelope
     total = env.weights + env.kv + env.persistent + arena + env.runtime

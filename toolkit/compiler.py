@@ -1,6 +1,8 @@
 """The compiler: model config (+ optional weights) and bounds in, a verified ``Plan`` out.
 
-trace -> schedule -> lifetimes -> assign -> envelope -> emit; each pass is its own module.
+Passes, in order, each its own module: 1 trace, then per phase 2 schedule, 3 lifetimes, 4 assign;
+then 5 envelope; last the emit step (``emit_phase``, ``emit_plan``) and the verifier's self-check.
+Phases are looked up by name ("prefill", "decode"), never by position.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import mlx.core as mx
 import dctms
 from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256, weights_from_headers
-from dctms.schema.sizes import align_up, slack_bytes
+from dctms.schema.sizes import is_arena_tenant, slack_bytes
 from dctms.schema.types import (
     SCHEMA_VERSION,
+    TENSOR_VARIANTS,
     Binding,
     Bounds,
     Buffer,
     Constant,
+    Envelope,
     Generator,
     KVStorage,
     ModelInfo,
@@ -27,24 +31,27 @@ from dctms.schema.types import (
     Phase,
     Plan,
     Quantization,
+    Scratch,
     StateTensor,
     Stats,
     SyncPoint,
     Target,
-    Tensor,
+    TargetProfile,
     Weights,
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign
 from dctms.toolkit.envelope import build_envelope
-from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, analyse
+from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, PhaseLives, analyse
 from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS, nbytes
 from dctms.toolkit.model_source import ModelSource
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
-from dctms.toolkit.schedule import build_schedule
+from dctms.toolkit.schedule import Schedule, build_schedule
 from dctms.toolkit.trace import (
     DTYPES,
+    Traced,
+    TracedBinding,
     TracedPhase,
     build_model,
     check_cache_support,
@@ -78,6 +85,9 @@ class CompileOptions:
     # Decoder layers per segment between sync points; 0 = the phase end only (the default: on the
     # CPU backend a per-layer sync costs ~15 % decode throughput and saves < 0.2 % of the arena).
     sync_every: int = 0
+    # Search budget of the offset packer, shared by the phases whose greedy packing misses the
+    # lower bound (a fixed amount of work, so the plan does not depend on the machine's speed).
+    pack_seconds: float = 2.0
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -88,6 +98,8 @@ def _check_options(opts: CompileOptions) -> None:
             )
     if opts.prefill_chunk is not None and opts.prefill_chunk < 1:
         raise DctmsError(f"prefill chunk must be at least 1, got {opts.prefill_chunk}")
+    if not 0 <= opts.pack_seconds <= 3600:
+        raise DctmsError(f"--pack-seconds must be between 0 and 3600, got {opts.pack_seconds}")
     if opts.sync_every < 0:
         raise DctmsError(f"--sync-every must be 0 (phase end only) or more, got {opts.sync_every}")
     if opts.alignment < 1 or opts.alignment & (opts.alignment - 1):
@@ -96,75 +108,146 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype}")
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What the options leave open, decided once: every later pass reads these."""
+
+    dtype: str
+    prefill_chunk: int
+    backend: str
+    profile: TargetProfile
+    allocator_slack: int
+
+
 def compile_plan(
     source: ModelSource, opts: CompileOptions, progress: Callable[[str], None] | None = None
 ) -> Plan:
+    """Run the passes in order (trace, then per phase schedule, lifetimes, assign; then state and
+    envelope) and emit the plan, which the independent verifier must accept."""
     say = progress or (lambda _msg: None)
     _check_options(opts)
-    config = source.config
+    settings = resolve_settings(source.config, opts)
+    use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
+    headers = weights_from_headers(source.weight_files) if source.weight_files else None
+    traced, capacity = trace_source(source.config, headers, opts, settings, say)
+    weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
+    ridge = ridge_point(settings.profile)
+    phases = []
+    for tp in traced.phases:
+        say(f"planning {tp.name}: {len(tp.ops)} primitives")
+        phases.append(
+            plan_phase(
+                tp,
+                ridge,
+                opts.alignment,
+                opts.sync_every,
+                settings.allocator_slack,
+                opts.pack_seconds / len(traced.phases),
+            )
+        )
+    state = state_tensors(traced, settings.allocator_slack)
+    envelope = build_envelope(
+        weights=weights.total_bytes,
+        kv=sum(s.bytes for s in state if s.kind == "kv"),
+        persistent=sum(s.bytes for s in state if s.kind == "persistent"),
+        intermediate=max(p.arena_bytes + p.slack_bytes for p in phases),
+        backend=settings.backend,
+        device_memory=opts.device_memory,
+        cache_enabled=settings.allocator_slack > 0,
+    )
+    plan = emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
+    self_check(plan)
+    return plan
+
+
+def resolve_settings(config: dict, opts: CompileOptions) -> Settings:
+    """dtype (option, else the config's, else bfloat16), prefill chunk, backend, roofline profile."""
     dtype = opts.dtype or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     if dtype not in DTYPES:
         dtype = "bfloat16"
-    chunk = opts.prefill_chunk or min(opts.input_tokens, 512)
     backend = opts.backend or ("gpu" if mx.default_device() == mx.gpu else "cpu")
-    use_device(backend)  # the graph (fast kernels or their decompositions) depends on the device
-    profile = get_profile(opts.profile or DEFAULT_PROFILE[backend])
+    return Settings(
+        dtype=dtype,
+        prefill_chunk=opts.prefill_chunk or min(opts.input_tokens, 512),
+        backend=backend,
+        profile=get_profile(opts.profile or DEFAULT_PROFILE[backend]),
+        allocator_slack=ALLOCATOR_SLACK[backend],
+    )
 
-    headers = weights_from_headers(source.weight_files) if source.weight_files else None
+
+def trace_source(
+    config: dict,
+    headers: list[HeaderTensor] | None,
+    opts: CompileOptions,
+    settings: Settings,
+    say: Callable[[str], None],
+) -> tuple[Traced, int]:
+    """Pass 1: build the model with lazy weights and trace both phases; (traced, KV capacity)."""
     say(f"building {config.get('model_type')} model (lazy weights)")
-    model = build_model(config, dtype, {h.name for h in headers} if headers else None)
+    model = build_model(config, settings.dtype, {h.name for h in headers} if headers else None)
     num_layers = check_cache_support(model)
+    chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
     traced = trace_model(
         model, num_layers, batch=opts.batch, prefill_chunk=chunk, capacity=capacity
     )
+    return traced, capacity
 
-    weights = _weights(traced.weights, headers, source, opts.hash_weights)
-    ridge = ridge_point(profile)
-    phases = []
-    for tp in traced.phases:
-        say(f"planning {tp.name}: {len(tp.ops)} primitives")
-        phases.append(
-            _plan_phase(tp, ridge, opts.alignment, opts.sync_every, ALLOCATOR_SLACK[backend])
-        )
 
-    state = [
+def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
+    """The KV cache (the decode phase's state inputs) and the runner's persistent byte blocks."""
+    kv = [
         StateTensor(b.name, "kv", list(b.shape), b.dtype, nbytes(b.shape, b.dtype))
-        for b in traced.phases[1].inputs
+        for b in traced.phase("decode").inputs
         if b.kind == "state"
-    ] + _persistent(traced.phases, ALLOCATOR_SLACK[backend])
-    persistent = sum(s.bytes for s in state if s.kind == "persistent")
-    envelope = build_envelope(
-        weights=weights.total_bytes,
-        kv=sum(s.bytes for s in state if s.kind == "kv"),
-        persistent=persistent,
-        intermediate=max(p.arena_bytes + p.slack_bytes for p in phases),
-        backend=backend,
-        device_memory=opts.device_memory,
-        cache_enabled=ALLOCATOR_SLACK[backend] > 0,
-    )
-    logical = sum(
-        1 for p in phases for t in p.tensors if t.view_of is None and t.kind in ARENA_KINDS
-    )
+    ]
+    return kv + _persistent(traced.phases, allocator_slack)
+
+
+def table1_stats(phases: list[Phase]) -> Stats:
+    """The paper's Table 1 figures over all phases, and the largest arena against its bound."""
+    logical = sum(1 for p in phases for t in p.tensors if is_arena_tenant(t))
     physical = sum(len(p.buffers) for p in phases)
+    return Stats(
+        logical_tensors=logical,
+        physical_buffers=physical,
+        reduction=(1 - physical / logical) if logical else 0.0,
+        arena_bytes=max(p.arena_bytes for p in phases),
+        lower_bound_bytes=max(p.lower_bound_bytes for p in phases),
+    )
+
+
+def emit_plan(
+    source: ModelSource,
+    opts: CompileOptions,
+    settings: Settings,
+    traced: Traced,
+    capacity: int,
+    weights: Weights,
+    state: list[StateTensor],
+    phases: list[Phase],
+    envelope: Envelope,
+) -> Plan:
+    """Emit: assemble the plan document from the passes' results."""
+    config = source.config
     quant = config.get("quantization")
-    plan = Plan(
+    return Plan(
         schema_version=SCHEMA_VERSION,
         generator=Generator(dctms.__version__, mx.__version__, _mlx_lm_version()),
         bounds=Bounds(
             input_tokens=opts.input_tokens,
             output_tokens=opts.output_tokens,
             batch=opts.batch,
-            prefill_chunk=chunk,
-            dtype=dtype,
+            prefill_chunk=settings.prefill_chunk,
+            dtype=settings.dtype,
             kv=KVStorage(dtype=traced.kv.dtype),
             kv_capacity=capacity,
         ),
         model=ModelInfo(
             architecture=str(config.get("model_type")),
             config_sha256=source.config_sha256,
-            num_layers=num_layers,
+            num_layers=traced.num_layers,
             vocab_size=traced.vocab_size,
             weights=weights,
             quantization=(
@@ -176,32 +259,28 @@ def compile_plan(
             ),
         ),
         target=Target(
-            backend=backend,
+            backend=settings.backend,
             alignment=opts.alignment,
-            profile=profile,
+            profile=settings.profile,
             device_memory=opts.device_memory,
-            run_ahead_dispatches=RUN_AHEAD_DISPATCHES if backend == "cpu" else 0,
-            allocator_slack=ALLOCATOR_SLACK[backend],
+            run_ahead_dispatches=RUN_AHEAD_DISPATCHES if settings.backend == "cpu" else 0,
+            allocator_slack=settings.allocator_slack,
         ),
         state=state,
         phases=phases,
         envelope=envelope,
-        stats=Stats(
-            logical_tensors=logical,
-            physical_buffers=physical,
-            reduction=(1 - physical / logical) if logical else 0.0,
-            arena_bytes=max(p.arena_bytes for p in phases),
-            lower_bound_bytes=max(p.lower_bound_bytes for p in phases),
-        ),
+        stats=table1_stats(phases),
     )
-    # Self-check: a plan the independent verifier rejects is a compiler bug; never emit it.
+
+
+def self_check(plan: Plan) -> None:
+    """A plan the independent verifier rejects is a compiler bug: never emit it."""
     problems = verify_plan(plan)
     if problems:
         raise InternalError(
             f"internal error: the compiled plan fails verification ({len(problems)} problems; "
             f"first: {problems[0]} [{problems[0].rule}]); please report this with the config"
         )
-    return plan
 
 
 def use_device(backend: str) -> None:
@@ -234,8 +313,11 @@ def _mlx_lm_version() -> str:
     return __version__
 
 
-def _weights(
-    traced, headers: list[HeaderTensor] | None, source: ModelSource, hash_files: bool
+def fingerprint_weights(
+    traced: list[TracedBinding],
+    headers: list[HeaderTensor] | None,
+    source: ModelSource,
+    hash_files: bool,
 ) -> Weights:
     """The fingerprint: from the safetensors headers when present (and they must match the model)."""
     if headers is not None:
@@ -271,22 +353,60 @@ def _weights(
     )
 
 
-def _plan_phase(
-    tp: TracedPhase, ridge: float, alignment: int, sync_every: int, allocator_slack: int
+@dataclass(frozen=True)
+class Placement:
+    """Pass 4's result for one phase: each tenant's (buffer, offset), the buffers, the arena."""
+
+    of: dict[str, tuple[int, int]]
+    buffer_sizes: list[int]
+    arena_bytes: int
+    lower_bound_bytes: int
+    arena_optimal: str | None  # what proves the arena minimal (see assign.Packing.proof)
+    arena_gap_bytes: int
+
+
+def plan_phase(
+    tp: TracedPhase,
+    ridge: float,
+    alignment: int,
+    sync_every: int,
+    allocator_slack: int,
+    pack_seconds: float = 0.0,
 ) -> Phase:
+    """Passes 2-4 on one traced phase (schedule, lifetimes, assign), then emit its record."""
     views = {i for i, op in enumerate(tp.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
     sched = build_schedule(tp, views, ridge, sync_every)
     lives = analyse(tp, sched)
+    placement = assign_arena(lives, alignment, pack_seconds)
+    return emit_phase(tp, sched, lives, placement, allocator_slack)
 
+
+def assign_arena(lives: PhaseLives, alignment: int, pack_seconds: float = 0.0) -> Placement:
+    """Pass 4: buffers by interval colouring, offsets by packing (greedy, then a search of up to
+    ``pack_seconds`` when it misses the lower bound), the lower bound and what proves the arena."""
     tenants = [t for t, life in lives.lives.items() if life.kind in ARENA_KINDS]
     intervals = [lives.slot_interval[t] for t in tenants]
     sizes = [lives.lives[t].bytes for t in tenants]
     buffer_of, buffer_size = assign.colour(intervals, sizes)
-    aligned = [align_up(s, alignment) for s in sizes]
-    lower = assign.lower_bound(intervals, aligned, len(sched.slots))
-    offsets, arena = assign.pack(intervals, sizes, alignment, floor=lower)
-    placement = {t: (buffer_of[k], offsets[k]) for k, t in enumerate(tenants)}
+    packing = assign.pack(intervals, sizes, alignment, seconds=pack_seconds)
+    return Placement(
+        {t: (buffer_of[k], packing.offsets[k]) for k, t in enumerate(tenants)},
+        buffer_size,
+        packing.arena,
+        packing.lower_bound,
+        packing.proof,
+        packing.gap,
+    )
 
+
+def emit_phase(
+    tp: TracedPhase,
+    sched: Schedule,
+    lives: PhaseLives,
+    placement: Placement,
+    allocator_slack: int,
+) -> Phase:
+    """Emit one phase: ops in execution order, tensor records by variant, buffers, sync points."""
     ops = []
     for p, i in enumerate(sched.order):
         op = tp.ops[i]
@@ -304,22 +424,27 @@ def _plan_phase(
         )
     outputs = {b.id for b in tp.outputs if b.kind == "output"}
     tensors = []
-    for t, life in sorted(lives.lives.items(), key=lambda kv: (kv[1].start, _scratch_last(kv[0]))):
+    # Scratch after the op's outputs: by (producer position, scratch last).
+    for t, life in sorted(
+        lives.lives.items(), key=lambda kv: (kv[1].start, kv[1].scratch_of is not None)
+    ):
         s, e = lives.slot_interval[t]
-        buf, off = placement.get(t, (None, None))
-        tensors.append(
-            Tensor(
-                id=t,
-                shape=list(life.shape),
-                dtype=life.dtype,
-                bytes=life.bytes,
-                interval=[s, e],
-                buffer=buf,
-                offset=off,
-                view_of=life.root if life.kind in ("view", "state") else None,
-                kind=_plan_kind(life, outputs),
-            )
+        buf, off = placement.of.get(t, (None, None))
+        fields = dict(
+            id=t,
+            shape=list(life.shape),
+            dtype=life.dtype,
+            bytes=life.bytes,
+            interval=[s, e],
+            buffer=buf,
+            offset=off,
+            view_of=life.root if life.kind in ("view", "state") else None,
         )
+        kind = _plan_kind(life, outputs)
+        if kind == "scratch":
+            tensors.append(Scratch(**fields, op=life.scratch_of))
+        else:
+            tensors.append(TENSOR_VARIANTS[kind](**fields))
     sync = [
         SyncPoint(slot=slot, reason=seg.reason, evaluate=list(seg.evaluate))
         for slot, seg in zip(sched.sync_slots, sched.segments, strict=True)
@@ -332,11 +457,13 @@ def _plan_phase(
         constants=[Constant(c.id, list(c.shape), c.dtype, c.value) for c in tp.constants],
         ops=ops,
         tensors=tensors,
-        buffers=[Buffer(b, size) for b, size in enumerate(buffer_size)],
+        buffers=[Buffer(b, size) for b, size in enumerate(placement.buffer_sizes)],
         slots=sched.slots,
         sync_points=sync,
-        arena_bytes=arena,
-        lower_bound_bytes=lower,
+        arena_bytes=placement.arena_bytes,
+        lower_bound_bytes=placement.lower_bound_bytes,
+        arena_optimal=placement.arena_optimal,
+        arena_gap_bytes=placement.arena_gap_bytes,
         slack_bytes=slack_bytes(tensors, len(sched.slots), allocator_slack),
     )
 
@@ -346,7 +473,3 @@ def _plan_kind(life, outputs: set[str]) -> str:
     if life.kind == "view":
         return "output" if life.id in outputs else "intermediate"
     return life.kind
-
-
-def _scratch_last(tid: str) -> int:
-    return 1 if tid.startswith("scratch.") else 0

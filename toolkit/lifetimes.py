@@ -1,4 +1,4 @@
-"""Pass 2, lifetimes: which tensors own memory, and the slots during which they hold it.
+"""Pass 3, lifetimes: which tensors own memory, and the slots during which they hold it.
 
 A tensor owns memory when its producing op allocates (``memory_model``); views alias their root and
 extend its lifetime; in-place updates of state and the graph's leaves (weights, inputs, constants,

@@ -1,4 +1,4 @@
-"""Pass 4, schedule: execution order, segments between sync points, and concurrent slots.
+"""Pass 2, schedule: execution order, segments between sync points, and concurrent slots.
 
 * Order: the order MLX really runs the graph in (``order.mlx_eval_order``), per segment.
 * Sync points: the host evaluates at the end of the phase (the next token goes to the host) and,

@@ -23,7 +23,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from dctms.schema.errors import DctmsError
-from dctms.schema.values import args_to_json, dtype_name
+from dctms.schema.values import args_to_plain, dtype_name
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -87,6 +87,13 @@ class Traced:
     kv: KVLayout
     num_layers: int
     vocab_size: int
+
+    def phase(self, name: str) -> TracedPhase:
+        """The traced phase called ``name`` ("prefill" or "decode")."""
+        for phase in self.phases:
+            if phase.name == name:
+                return phase
+        raise KeyError(f"no traced phase {name!r}")
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -335,8 +342,9 @@ def trace_model(
         TracedBinding("", "weight", k, tuple(v.shape), dtype_name(v.dtype))
         for k, v in weights.items()
     ]
-    vocab = _vocab_size(model, phases[1])
-    return Traced(phases, weight_bindings, kv, num_layers, vocab)
+    traced = Traced(phases, weight_bindings, kv, num_layers, 0)
+    traced.vocab_size = _vocab_size(model, traced.phase("decode"))
+    return traced
 
 
 def _last_real_logits(model: nn.Module, tokens: mx.array, caches: list, last_index: mx.array):
@@ -450,7 +458,7 @@ def _phase_from_events(
                 outputs.append(TracedBinding(tid, okind, oname, tuple(shape), dtype_name(dtype)))
         elif kind == "constants":
             for tid, arr in ev["constants"]:
-                value = args_to_json(arr.reshape(-1).tolist())
+                value = args_to_plain(arr.reshape(-1).tolist())
                 constants.append(
                     TracedConstant(tid, tuple(arr.shape), dtype_name(arr.dtype), value)
                 )
@@ -460,7 +468,7 @@ def _phase_from_events(
             ops.append(
                 TracedOp(
                     ev["name"],
-                    args_to_json(list(ev["arguments"])),
+                    args_to_plain(list(ev["arguments"])),
                     tuple(i[0] for i in ev["inputs"]),
                     tuple(o[0] for o in ev["outputs"]),
                 )

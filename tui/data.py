@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from dctms.schema.sizes import align_up, is_arena_tenant
-from dctms.schema.types import Op, Phase, Plan, Tensor
+from dctms.schema.types import Op, Phase, Plan, Scratch, Tensor
 from dctms.views.show import MIB, PAPER_LOGICAL, PAPER_PHYSICAL, PAPER_REDUCTION
 
 COMPONENTS = ("weights", "kv", "persistent", "intermediate", "runtime")
@@ -127,11 +127,9 @@ class PhaseIndex:
             for name in dict.fromkeys(op.inputs):  # an op reading x twice consumes it once
                 self.consumers[name].append(op.index)
         for t in phase.tensors:
-            # A temporary MLX allocates inside op N is named "scratch.N" and has no op output.
-            if t.kind == "scratch" and t.id not in self.producer:
-                suffix = t.id.rpartition(".")[2]
-                if suffix.isdigit() and int(suffix) in self.op:
-                    self.producer[t.id] = int(suffix)
+            # A temporary MLX allocates inside an op is no op output; its record names the op.
+            if isinstance(t, Scratch) and t.op in self.op:
+                self.producer.setdefault(t.id, t.op)
         self.shape: dict[str, tuple[list[int], str]] = {}
         for binding in (*phase.inputs, *phase.outputs):
             self.shape[binding.id] = (binding.shape, binding.dtype)
