@@ -58,6 +58,7 @@ RULES: dict[str, Rule] = {
     "buffer_holds_tenants": rules_memory.buffer_holds_tenants,
     "buffer_sized": rules_memory.buffer_sized,
     "arena_bounds": rules_memory.arena_bounds,
+    "arena_claim": rules_memory.arena_claim,
     "bounds": rules_totals.bounds,
     "state_kind": rules_totals.state_kind,
     "weights_fingerprint": rules_totals.weights_fingerprint,

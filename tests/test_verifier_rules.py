@@ -306,6 +306,31 @@ CASES: list[tuple[str, str, Break]] = [
         "lower bound above the arena",
         lambda p: phase(tensor(tensor(p, "t3", offset=64), "out", offset=0), arena_bytes=96),
     ),
+    (
+        "arena_claim",
+        "claims the lower bound above it",
+        lambda p: phase(p, arena_bytes=192, lower_bound_bytes=128, arena_optimal="lower_bound"),
+    ),
+    (
+        "arena_claim",
+        "reaches the lower bound without claiming it",
+        lambda p: phase(p, arena_optimal=None, arena_gap_bytes=64),
+    ),
+    (
+        "arena_claim",
+        "proven optimal with a gap",
+        lambda p: phase(p, arena_bytes=192, arena_optimal="search", arena_gap_bytes=64),
+    ),
+    (
+        "arena_claim",
+        "unproven without a gap",
+        lambda p: phase(p, arena_bytes=192, arena_optimal=None, arena_gap_bytes=0),
+    ),
+    (
+        "arena_claim",
+        "gap wider than arena minus the lower bound",
+        lambda p: phase(p, arena_bytes=192, arena_optimal=None, arena_gap_bytes=128),
+    ),
     ("bounds", "batch 0", lambda p: nested(p, "bounds", batch=0)),
     ("bounds", "input_tokens 0", lambda p: nested(p, "bounds", input_tokens=0)),
     ("bounds", "prefill_chunk 0", lambda p: nested(p, "bounds", prefill_chunk=0)),
