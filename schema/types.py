@@ -313,3 +313,6 @@ class Plan(_Base):
     phases: list[Phase]
     envelope: Envelope
     stats: Stats
+    # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
+    # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.
+    digest: Sha256 | Literal[""] = ""
