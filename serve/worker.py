@@ -38,6 +38,7 @@ class ServedModel:
     name: str
     plan: Plan
     tokenizer: Tokenizer
+    stop_ids: frozenset[int]  # end-of-sequence ids: generation stops there, the text omits them
 
     @property
     def max_prompt(self) -> int:
@@ -46,10 +47,6 @@ class ServedModel:
     @property
     def max_tokens(self) -> int:
         return self.plan.bounds.output_tokens
-
-    @property
-    def stop_ids(self) -> set[int]:
-        return self.tokenizer.eos_ids
 
 
 @dataclass
@@ -169,7 +166,8 @@ class Worker:
             tokenizer = Tokenizer(folder.path)
             self._sessions[spec.name] = Session(plan, folder)
             self._load_peak = max(self._load_peak, mx.get_peak_memory())
-            self.models[spec.name] = ServedModel(spec.name, plan, tokenizer)
+            stop = frozenset(tokenizer.eos_ids)
+            self.models[spec.name] = ServedModel(spec.name, plan, tokenizer, stop)
         if not self._sessions:
             raise DctmsError("no --plan given: nothing to serve")
 
@@ -182,7 +180,8 @@ class Worker:
             job.on_token(token)
             return not job.cancelled.is_set()
 
-        gen = session.generate(job.prompt, job.max_tokens, self.models[job.model].stop_ids, on_token)
+        stop = set(self.models[job.model].stop_ids)
+        gen = session.generate(job.prompt, job.max_tokens, stop, on_token)
         if job.cancelled.is_set():
             raise Cancelled("withdrawn while it ran")
         return gen

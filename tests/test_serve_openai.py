@@ -223,3 +223,29 @@ def test_wrong_weights_for_a_plan_refuse_to_start(models):
     )  # fmt: skip
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "differs" in proc.stderr
+
+
+def test_a_full_queue_refuses_with_503_and_serves_the_rest(models):
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc = ServerProcess(["--plan", models["beta"].spec(), "--memory", "1GiB", "--max-queue", "1"])
+    try:
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+        def ask(k: int) -> str:
+            try:
+                client.completions.create(model="beta", prompt=f"queue {k}", max_tokens=12)
+                return "answered"
+            except openai.APIStatusError as err:
+                assert "server busy" in str(err)
+                return str(err.status_code)
+
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(ask, range(16)))
+        assert set(outcomes) <= {"answered", "503"}
+        assert "503" in outcomes and outcomes.count("answered") >= 2
+        st = proc.status()
+        assert st["requests_refused"] == outcomes.count("503")
+        assert st["queue_waiting"] == 0 and st["queue_limit"] == 1
+    finally:
+        proc.close()
