@@ -99,6 +99,7 @@ _ALONE = """
 import json, sys, time
 import mlx.core as mx
 from dctms.runner.load import load_checked_plan, open_model_folder
+from dctms.runner.request import validate_request
 from dctms.runner.session import Session
 from dctms.runner.tokenize import Tokenizer
 sessions = {}
@@ -110,9 +111,9 @@ for line in sys.stdin:
     name, prompt, max_tokens = line.rstrip("\\n").split("\\t")
     session, tok = sessions[name]
     session.apply_limits(max(0, mx.get_active_memory() - session.held_bytes()))
-    ids = tok.encode(prompt)
+    request = validate_request(session.plan, tok.encode(prompt), int(max_tokens), tok.eos_ids)
     start = time.perf_counter()
-    session.generate(ids, int(max_tokens), tok.eos_ids)
+    session.generate(request)
     print(time.perf_counter() - start, flush=True)
 """
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from dctms.runner.load import open_model_folder
+from dctms.runner.request import validate_request
 from dctms.runner.session import Generation, Session
 from dctms.runner.tokenize import Tokenizer
 from dctms.schema.errors import DctmsError
@@ -180,8 +181,12 @@ class Worker:
             job.on_token(token)
             return not job.cancelled.is_set()
 
-        stop = set(self.models[job.model].stop_ids)
-        gen = session.generate(job.prompt, job.max_tokens, stop, on_token)
+        # The HTTP layer answered a bad request with 400 already (protocol.py); this is the
+        # runner's own check, which Session.generate requires.
+        request = validate_request(
+            session.plan, job.prompt, job.max_tokens, self.models[job.model].stop_ids
+        )
+        gen = session.generate(request, on_token)
         if job.cancelled.is_set():
             raise Cancelled("withdrawn while it ran")
         return gen

@@ -151,6 +151,7 @@ _PROBE = textwrap.dedent(
         from dctms.runner.load import load_checked_plan, open_model_folder
         from dctms.runner.measure import RssSampler
         from dctms.runner.report import build_report
+        from dctms.runner.request import validate_request
         from dctms.runner.session import Session
         from dctms.runner.tokenize import Tokenizer
         import mlx.core as mx
@@ -158,7 +159,7 @@ _PROBE = textwrap.dedent(
         model = open_model_folder(sys.argv[2])
         tok = Tokenizer(model.path)
         with RssSampler() as rss:
-            gen = Session(plan, model).generate(tok.encode("isolation"), 6)
+            gen = Session(plan, model).generate(validate_request(plan, tok.encode("isolation"), 6))
         build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, tok.decode(gen.tokens))
         ran = len(gen.tokens) == 6
     print(json.dumps({"names": names, "after_import": after_import,
