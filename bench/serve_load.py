@@ -99,10 +99,10 @@ _ALONE = """
 import json, sys, time
 import mlx.core as mx
 from dctms.runner.load import load_checked_plan
-from dctms.schema.model_folder import open_model_folder
 from dctms.runner.request import validate_request
 from dctms.runner.session import Session
 from dctms.runner.tokenize import Tokenizer
+from dctms.schema.model_folder import open_model_folder
 sessions = {}
 for name, plan, folder in json.loads(sys.argv[1]):
     model = open_model_folder(folder)
