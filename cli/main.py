@@ -23,12 +23,14 @@ COMMANDS = [
     "fit",
     "pool",
     "serve",
+    "roofline",
+    "convert-gguf",
     "check",
 ]
 
 # The commands that compute with MLX: started with an optimised BLAS when MLX carries the
 # reference one (dctms.runner.blas; DCTMS_BLAS=off keeps MLX's own).
-FAST_BLAS_COMMANDS = {"run", "bench", "demo", "compile", "fit", "serve", "check"}
+FAST_BLAS_COMMANDS = {"run", "bench", "demo", "compile", "fit", "serve", "roofline", "check"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"dctms.cli.commands.{name}")
+            module = importlib.import_module(f"dctms.cli.commands.{name.replace('-', '_')}")
         except ModuleNotFoundError as err:
-            if err.name == f"dctms.cli.commands.{name}":
+            if err.name == f"dctms.cli.commands.{name.replace('-', '_')}":
                 continue  # command not built yet
             raise
         module.register(sub)

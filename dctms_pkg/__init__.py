@@ -88,6 +88,7 @@ def compile_plan(
     profile: str | None = None,
     sync_every: int = 0,
     hash_weights: bool = False,
+    pack_seconds: float = 2.0,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -97,11 +98,13 @@ def compile_plan(
     then fingerprinted against) or a config.json path. ``memory`` (bytes, or a size such as
     "16GiB") is recorded as the device budget: ``plan.envelope.free`` is then what is left (negative
     when M_max does not fit). The other options are ``dctms compile``'s (see its ``--help``).
-    ``progress`` receives one line per compiler pass. Weights are never loaded.
+    ``pack_seconds`` is the offset packer's search budget (a fixed amount of work, so the plan
+    does not depend on the machine). ``progress`` receives one line per compiler pass. Weights
+    are never loaded.
     """
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions
     from dctms.toolkit.compiler import compile_plan as _compile
-    from dctms.toolkit.model_source import load_source
 
     options = CompileOptions(
         input_tokens=input_tokens,
@@ -115,8 +118,9 @@ def compile_plan(
         profile=profile,
         hash_weights=hash_weights,
         sync_every=sync_every,
+        pack_seconds=pack_seconds,
     )
-    return _compile(load_source(model), options, progress)
+    return _compile(open_model(model), options, progress)
 
 
 @dataclass(frozen=True)
@@ -154,9 +158,9 @@ def fit(
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
     ``memory`` -- what ``dctms fit`` searches: compiles at 1, 2, 4, ... then bisects (about
     2 log2(answer) compiles), capped by the config's max_position_embeddings (N + M)."""
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions
     from dctms.toolkit.compiler import compile_plan as _compile
-    from dctms.toolkit.model_source import load_source
     from dctms.views.fit import DEFAULT_CAP, largest_fitting, max_positions
 
     if (input_tokens is None) == (output_tokens is None):
@@ -168,7 +172,7 @@ def fit(
     assert fixed is not None
     if fixed < 1:
         raise DctmsError(f"fit: the fixed token count must be at least 1, got {fixed}")
-    source = load_source(model)
+    source = open_model(model)
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
     plans: dict[int, Plan] = {}

@@ -13,6 +13,7 @@ from conftest import TINY_QWEN2
 
 import dctms
 from dctms.cli.main import main as cli
+from dctms.schema.io import encode_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTIONS = ["read_plan", "write_plan", "compile_plan", "fit", "check_plan"]
@@ -38,6 +39,17 @@ def test_public_names_exist_documented_and_typed() -> None:
             assert parameter.annotation is not inspect.Parameter.empty, (name, parameter.name)
     assert dctms.__doc__ and "dctms.read_plan" in dctms.__doc__
     assert issubclass(dctms.PlanError, dctms.DctmsError)
+
+
+def test_compile_plan_takes_every_compile_option() -> None:
+    # `dctms compile` passes each CompileOptions field as a keyword (device_memory as memory).
+    from dataclasses import fields
+
+    from dctms.toolkit.compiler import CompileOptions
+
+    options = {f.name for f in fields(CompileOptions)} - {"device_memory"} | {"memory"}
+    keywords = set(inspect.signature(dctms.compile_plan).parameters) - {"model", "progress"}
+    assert keywords == options
 
 
 def test_reading_a_plan_imports_no_mlx_and_no_compiler() -> None:
@@ -76,7 +88,7 @@ def test_compile_plan_is_what_the_cli_writes(config: Path, tmp_path: Path) -> No
     assert mine.read_bytes() == out.read_bytes()
     env = plan.envelope
     assert env.device == 2**30 and env.free == 2**30 - env.total
-    assert dctms.read_plan(mine) == plan
+    assert encode_plan(dctms.read_plan(mine)) == encode_plan(plan)
     assert dctms.compile_plan(config.parent, 32, 8, memory=2**30, prefill_chunk=16) == plan
 
 

@@ -138,6 +138,17 @@ def test_hand_edits_are_refused(compiled, capsys) -> None:
     assert result.verdict == "edited" and "every figure agrees" in result.reason
 
 
+def test_an_edit_the_digest_catches_is_edited(compiled, capsys) -> None:
+    _, plan = compiled
+    text = plan.read_text()
+    source = dctms.read_plan(plan).envelope.runtime_source
+    assert source and source in text
+    plan.write_text(text.replace(source, "made up by hand", 1))  # the digest is left as it was
+    assert cli(["check", str(plan)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{plan}: edited: the plan was changed after it was written")
+
+
 def test_edited_figure_is_refused_by_validation(compiled, capsys) -> None:
     _, plan = compiled
     recorded = dctms.read_plan(plan)

@@ -27,9 +27,9 @@ from typing import Any, Literal
 from dctms.schema.errors import DctmsError, PlanError
 from dctms.schema.fingerprint import canonical_config_sha256
 from dctms.schema.io import decode_plan, encode_plan, write_plan
+from dctms.schema.model_folder import ModelFolder, open_model
 from dctms.schema.types import CompileRequest, Plan
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.model_source import ModelSource, load_source
 from dctms.toolkit.sizes import human
 
 Verdict = Literal["ok", "stale", "edited"]
@@ -157,15 +157,15 @@ def _read_bytes(path: Path) -> bytes:
 
 def _source(
     plan: Plan, request: CompileRequest, model: str | os.PathLike[str] | None, name: str
-) -> ModelSource:
+) -> ModelFolder:
     if model is not None:
-        return load_source(model)
+        return open_model(model)
     if plan.model.weights.files_sha256 is not None:
         raise DctmsError(
             f"{name}: records the sha256 of its weight files: give --model DIR to check them"
         )
     config = request.config
-    return ModelSource(config, canonical_config_sha256(config), None, ())
+    return ModelFolder(None, config, canonical_config_sha256(config), ())
 
 
 def _first_differing_line(a: bytes, b: bytes) -> int:
