@@ -55,6 +55,13 @@ def check_count(name: str, value: int, low: int, high: int) -> None:
 
 def check_config(config: dict[str, Any]) -> None:
     """Refuse a config.json whose numbers no model could have (see the module docstring)."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type.strip():
+        raise DctmsError(f"config.json: model_type must be a name, got {model_type!r}")
+    for key in ("torch_dtype", "dtype"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, str):
+            raise DctmsError(f"config.json: {key} must be a dtype name, got {value!r}")
     depth = _depth(config)
     if depth > MAX_CONFIG_DEPTH:
         raise DctmsError(f"config.json nests {depth} levels deep (at most {MAX_CONFIG_DEPTH})")
