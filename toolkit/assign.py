@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dctms.schema.sizes import align_up
+from dctms.schema.sizes import align_up, live_bytes
 
 _BUCKET = 32  # slots per time bucket of the packer's index
 
@@ -54,16 +54,9 @@ def colour(
 
 
 def lower_bound(intervals: Sequence[tuple[int, int]], sizes: Sequence[int], n_slots: int) -> int:
-    """Max over slots of live bytes (sizes already aligned)."""
-    if not intervals:
-        return 0
-    delta = np.zeros(n_slots + 1, dtype=np.int64)
-    starts = np.fromiter((s for s, _ in intervals), dtype=np.int64, count=len(intervals))
-    ends = np.fromiter((e + 1 for _, e in intervals), dtype=np.int64, count=len(intervals))
-    w = np.asarray(sizes, dtype=np.int64)
-    np.add.at(delta, starts, w)
-    np.add.at(delta, ends, -w)
-    return int(np.cumsum(delta).max())
+    """Max over slots of live bytes (sizes already aligned): schema's one live-bytes sweep."""
+    spans = ((s, e, size) for (s, e), size in zip(intervals, sizes, strict=True))
+    return max(live_bytes(spans, n_slots), default=0)
 
 
 def pack(

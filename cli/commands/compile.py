@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from dctms.toolkit.sizes import human, parse_size
+from dctms.figures.units import human, parse_size
 
 # Known target profiles, listed here so `--help` needs no compiler import (a test keeps them equal).
 PROFILE_NAMES = ("apple-m4-16gb", "cpu-x86-2core")

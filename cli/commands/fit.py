@@ -49,10 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.figures.units import human, parse_size
     from dctms.schema.io import write_plan
     from dctms.toolkit.compiler import CompileOptions, compile_plan
     from dctms.toolkit.model_source import load_source
-    from dctms.toolkit.sizes import human, parse_size
     from dctms.views.fit import (
         DEFAULT_CAP,
         fit_summary,
