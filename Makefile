@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	  echo "installing the Graphviz 'dot' binary (apt-get)"; \
 	  (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || \
 	  echo "warning: could not install graphviz; svg/png export tests will be skipped"; }
+	@[ "$$(uname -s)" != Linux ] || [ -e /usr/lib/$$(uname -m)-linux-gnu/openblas-pthread/libblas.so.3 ] || { \
+	  echo "installing OpenBLAS (apt-get libopenblas0-pthread): MLX's Linux wheel bundles the reference BLAS"; \
+	  (apt-get update -qq && apt-get install -y -qq libopenblas0-pthread >/dev/null) || \
+	  echo "warning: could not install libopenblas0-pthread; MLX runs on its reference BLAS (slow)"; }
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -161,6 +161,7 @@ def render_markdown(summary: dict, figures: Sequence[str] = (), figure_note: str
         ("runner", "runner"),
         ("process", "process"),
         ("machine", "machine"),
+        ("blas", "BLAS"),
         ("versions", "versions"),
     ):
         if key in s:

@@ -21,7 +21,13 @@ COMMANDS = [
     "dot",
     "trace",
     "fit",
+    "pool",
+    "serve",
 ]
+
+# The commands that compute with MLX: started with an optimised BLAS when MLX carries the
+# reference one (dctms.runner.blas; DCTMS_BLAS=off keeps MLX's own).
+FAST_BLAS_COMMANDS = {"run", "bench", "demo", "compile", "fit", "serve"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def start_fast_blas(argv: list[str]) -> None:
+    """Re-execute this process once with OpenBLAS preloaded when the subcommand computes."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in FAST_BLAS_COMMANDS:
+        from dctms.runner.blas import reexec_with_fast_blas
+
+        reexec_with_fast_blas()
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the console entry point (an in-process call passes its argv)
+        try:
+            start_fast_blas(sys.argv[1:])
+        except DctmsError as err:
+            print(f"dctms: {err}", file=sys.stderr)
+            return err.exit_code
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

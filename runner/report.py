@@ -9,6 +9,7 @@ from pathlib import Path
 
 import msgspec
 
+from dctms.runner.blas import loaded_blas
 from dctms.runner.session import Generation
 from dctms.schema.types import Plan
 
@@ -36,6 +37,7 @@ def build_report(
         "envelope_over_observed": provable / mlx_peak if mlx_peak else None,
         "rss_within_m_max": rss_peak <= plan.envelope.total,
         "rss_series": [[round(t, 4), rss] for t, rss in rss_series],
+        "blas": loaded_blas().to_dict(),
     }
 
 

@@ -16,6 +16,8 @@ Arena tenants t0 [0,2], t2 [2,3], t3 [3,4], out [4,4] (alignment 64): buffer 0 =
 from __future__ import annotations
 
 import math
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,22 @@ from dctms.schema.types import (
 )
 
 SHA = "0" * 63 + "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite runs on the BLAS the ``dctms`` commands use: a ``pytest`` started without
+    OpenBLAS preloaded re-executes itself once with it (dctms.runner.blas; DCTMS_BLAS=off keeps
+    MLX's own). Only a pytest started from the command line: a host program calling
+    ``pytest.main`` is left as it is."""
+    from dctms.runner.blas import planned_preload, reexec_with_fast_blas
+
+    program = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if program not in ("pytest", "py.test", "__main__.py") or planned_preload() is None:
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.stop_global_capturing()  # the new process must write to the real stdout/stderr
+    reexec_with_fast_blas()
 
 
 # A two-layer random-weight qwen2 config the runner tests build models from (toolkit.tiny_model).
@@ -111,6 +129,7 @@ def make_tiny_plan() -> Plan:
         sync_points=[SyncPoint(4, "sample next token", evaluate=["k_out", "out"])],
         arena_bytes=128,
         lower_bound_bytes=128,
+        arena_optimal="lower_bound",
     )
     return Plan(
         schema_version=SCHEMA_VERSION,
