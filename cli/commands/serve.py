@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dctms.runner.load import load_checked_plan
     from dctms.serve.spec import parse_plan_specs
-    from dctms.toolkit.sizes import human, parse_size
+    from dctms.figures.units import human, parse_size
     from dctms.views.pool import pool_of, pool_summary
 
     try:
