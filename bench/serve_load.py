@@ -55,8 +55,8 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
 
 def build(root: Path, tiny: bool) -> dict[str, dict]:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model
 
     out = {}
@@ -66,7 +66,7 @@ def build(root: Path, tiny: bool) -> dict[str, dict]:
             m = m // 4
         folder = root / name
         write_tiny_model(folder, config, seed=seed)
-        plan = compile_plan(load_source(folder), CompileOptions(n, m, prefill_chunk=32))
+        plan = compile_plan(open_model(folder), CompileOptions(n, m, prefill_chunk=32))
         write_plan(plan, folder / f"{name}.plan")
         out[name] = {"plan": folder / f"{name}.plan", "folder": folder, "n": n, "m": m}
     return out
@@ -98,10 +98,11 @@ def expected(models: dict, prompts: list[str], max_tokens: dict[str, int], tmp: 
 _ALONE = """
 import json, sys, time
 import mlx.core as mx
-from dctms.runner.load import load_checked_plan, open_model_folder
+from dctms.runner.load import load_checked_plan
 from dctms.runner.request import validate_request
 from dctms.runner.session import Session
 from dctms.runner.tokenize import Tokenizer
+from dctms.schema.model_folder import open_model_folder
 sessions = {}
 for name, plan, folder in json.loads(sys.argv[1]):
     model = open_model_folder(folder)

@@ -7,8 +7,8 @@ import sys
 import time
 
 from dctms.cli.compile_options import add_compile_options, compile_options
+from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
-from dctms.toolkit.sizes import human
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

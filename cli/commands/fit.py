@@ -117,9 +117,9 @@ def _write(target, plan) -> None:
 
 
 def _run(args: argparse.Namespace, target) -> int:
+    from dctms.figures.units import human
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan
-    from dctms.toolkit.sizes import human
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
     budget = memory_budget(args)
@@ -196,7 +196,7 @@ def _run(args: argparse.Namespace, target) -> int:
 
 
 def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int) -> int:
-    from dctms.toolkit.sizes import human
+    from dctms.figures.units import human
 
     first = result.probe(1)
     short = first.total - budget
@@ -214,7 +214,7 @@ def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int
 def _run_chunk_search(
     args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, target
 ) -> int:
-    from dctms.toolkit.sizes import human
+    from dctms.figures.units import human
     from dctms.views.fit import fit_summary, fit_text
     from dctms.views.fit_chunks import best_row, chunk_doc, chunk_row, chunk_table_text
 
