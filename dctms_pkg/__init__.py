@@ -229,7 +229,7 @@ def _bytes(value: int | str | None, name: str) -> int | None:
             raise DctmsError(f"{name} must be at least 1 byte, got {value}")
         return value
     if isinstance(value, str):
-        from dctms.toolkit.sizes import parse_size
+        from dctms.figures.units import parse_size
 
         try:
             return parse_size(value)

@@ -24,13 +24,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from dctms.figures.units import human
 from dctms.schema.errors import DctmsError, PlanError
 from dctms.schema.fingerprint import canonical_config_sha256
 from dctms.schema.io import decode_plan, encode_plan, write_plan
 from dctms.schema.model_folder import ModelFolder, open_model
 from dctms.schema.types import CompileRequest, Plan
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.sizes import human
 
 Verdict = Literal["ok", "stale", "edited"]
 

@@ -7,7 +7,8 @@ import sys
 import time
 
 from dctms.cli.compile_options import add_compile_options, compile_options
-from dctms.toolkit.sizes import human
+from dctms.figures.units import human
+from dctms.schema.errors import DctmsError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,12 +35,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.cli.inputs import model_inputs
+    from dctms.schema.output import reserve_output
+
+    if not args.output or args.output == "-":
+        if args.output == "":
+            raise DctmsError("-o '': empty path (use - for stdout)")
+        return _run(args, None)
+    # Checked (and the file reserved) before any work: never onto the model, a device or a folder.
+    inputs = model_inputs(args.model)
+    with reserve_output(args.output, inputs=inputs, label=f"-o {args.output}") as target:
+        return _run(args, target)
+
+
+def _run(args: argparse.Namespace, target) -> int:
     # The compiler (mlx.nn, numpy, mlx-lm) is imported here, not at parse time, so other
     # subcommands -- `dctms run` above all -- never load it.
     import dataclasses
 
     import dctms
-    from dctms.schema.io import encode_plan, write_plan
+    from dctms.schema.io import encode_plan
 
     start = time.perf_counter()
 
@@ -54,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     keywords = dataclasses.asdict(opts)
     keywords["memory"] = keywords.pop("device_memory")
     plan = dctms.compile_plan(args.model, progress=progress, **keywords)
-    if args.output and args.output != "-":
-        write_plan(plan, args.output)
+    if target is not None:
+        target.write(encode_plan(plan))
         progress(f"wrote {args.output}")
     else:
         sys.stdout.buffer.write(encode_plan(plan))
