@@ -22,7 +22,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from dctms.schema.sizes import ITEMSIZE, nbytes  # noqa: F401  (re-exported for the passes)
+from dctms.schema.sizes import nbytes
 
 VIEW_ALWAYS = frozenset(
     {
