@@ -116,9 +116,8 @@ def phase_roofline(phase: Phase, profile: TargetProfile) -> PhaseRoofline:
 
 
 def prefill_phases(plan: Plan) -> list[Phase]:
-    """The phases that take prompt tokens: every phase but decode (the runner feeds the prompt
-    through them), largest first."""
-    return sorted((p for p in plan.phases if p.name != "decode"), key=lambda p: -p.tokens)
+    """The phases that take prompt tokens (named ``prefill``…), largest first."""
+    return sorted((p for p in plan.phases if p.name.startswith("prefill")), key=lambda p: -p.tokens)
 
 
 def prefill_calls(plan: Plan, prompt_tokens: int) -> list[tuple[str, int]]:
