@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from dctms.runner.load import open_model_folder
 from dctms.runner.request import validate_request
 from dctms.runner.session import Generation, Session
 from dctms.runner.tokenize import Tokenizer
 from dctms.schema.errors import DctmsError
+from dctms.schema.model_folder import open_model_folder
 from dctms.schema.types import Plan
 from dctms.serve.spec import PlanSpec
 

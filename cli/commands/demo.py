@@ -38,8 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model
     from dctms.views.show import show_text
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         write_tiny_model(folder, DEMO_CONFIG)
     plan_path = folder / "demo.plan"
     plan = compile_plan(
-        load_source(folder),
+        open_model(folder),
         CompileOptions(input_tokens=args.N, output_tokens=args.M, prefill_chunk=32),
     )
     write_plan(plan, plan_path)
