@@ -93,9 +93,9 @@ class ServerProcess:
         with urllib.request.urlopen(self.url + "/status", timeout=30) as r:
             return json.loads(r.read())
 
-    def interrupt(self, timeout_s: float = 30.0) -> int:
-        """Ctrl-C (SIGINT) and wait for the process to end; its exit status."""
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> int:
+        """Ctrl-C (SIGINT, or ``sig``) and wait for the process to end; its exit status."""
+        self.proc.send_signal(sig)
         return self.proc.wait(timeout_s)
 
     def close(self) -> None:

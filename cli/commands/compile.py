@@ -7,7 +7,7 @@ import sys
 import time
 
 from dctms.cli.compile_options import add_compile_options, compile_options
-from dctms.toolkit.sizes import human
+from dctms.figures.units import human
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -98,10 +98,10 @@ def _chunks(args: argparse.Namespace) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.figures.units import human
     from dctms.schema.io import write_plan
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan
-    from dctms.toolkit.sizes import human
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
     budget = memory_budget(args)
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int) -> int:
-    from dctms.toolkit.sizes import human
+    from dctms.figures.units import human
 
     first = result.probe(1)
     short = first.total - budget
@@ -197,8 +197,8 @@ def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int
 def _run_chunk_search(
     args, search, chunks, letter, other, fixed, budget, start, cap_reason: str
 ) -> int:
+    from dctms.figures.units import human
     from dctms.schema.io import write_plan
-    from dctms.toolkit.sizes import human
     from dctms.views.fit import fit_summary, fit_text
     from dctms.views.fit_chunks import best_row, chunk_doc, chunk_row, chunk_table_text
 
