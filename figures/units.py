@@ -7,6 +7,7 @@ Binary units throughout (``1 MiB`` = 2**20 bytes), as MLX reports memory; on inp
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from dctms.schema.errors import DctmsError
 
@@ -61,7 +62,8 @@ def parse_size(text: str) -> int:
     unit = m.group(2).lower() if m else None
     if not m or unit not in _UNITS:
         raise DctmsError(f"not a size: {text!r} (examples: 16GiB, 512MiB, 8GB, 1000000)")
-    value = int(float(m.group(1)) * _UNITS[unit])
+    # Exact (a Fraction, not a float): 400 nines are out of range, not infinity.
+    value = int(Fraction(m.group(1)) * _UNITS[unit])
     if value <= 0 or value > 2**53:
         raise DctmsError(f"size out of range: {text!r}")
     return value

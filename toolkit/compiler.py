@@ -42,7 +42,7 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign
+from dctms.toolkit import assign, limits
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, PhaseLives, analyse
 from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS, nbytes
@@ -91,6 +91,7 @@ class CompileOptions:
 
 
 def _check_options(opts: CompileOptions) -> None:
+    limits.check_options(opts)
     for name in ("input_tokens", "output_tokens", "batch"):
         if getattr(opts, name) < 1:
             raise DctmsError(
@@ -126,6 +127,7 @@ def compile_plan(
     envelope) and emit the plan, which the independent verifier must accept."""
     say = progress or (lambda _msg: None)
     _check_options(opts)
+    limits.check_config(source.config)
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
     use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
