@@ -48,8 +48,10 @@ class ClassRow:
     def add(self, cost: OpCost, seconds: float, memory_bound: bool) -> None:
         self.ops += 1
         self.flops += cost.flops
-        for kind in BYTE_KINDS:
-            setattr(self, kind, getattr(self, kind) + getattr(cost, kind))
+        self.weights += cost.weights
+        self.kv += cost.kv
+        self.activations += cost.activations
+        self.scratch += cost.scratch
         self.seconds += seconds
         self.memory_bound_ops += memory_bound
 

@@ -102,7 +102,12 @@ def test_overview_shows_the_roofline_summary():
     app = make_app(plan)
 
     async def scenario(pilot):
-        shown = text(app.screen.query_one("#roofline"))
+        widget = app.screen.query_one("#roofline")
+        for _ in range(100):  # filled in just after the first paint
+            if "computing" not in text(widget):
+                break
+            await pilot.pause(0.05)
+        shown = text(widget)
         flat = " ".join(shown.split())  # the title may wrap
         assert f"Roofline on {plan.target.profile.name}" in flat
         assert f"decode {tokens_per_s_text(roof.decode_tokens_per_s)} tok/s" in flat
