@@ -68,6 +68,8 @@ def read_config(config_path: Path) -> dict:
         raise DctmsError(f"{config_path}: not valid JSON: {err.msg} at line {err.lineno}") from None
     except RecursionError:
         raise DctmsError(f"{config_path}: nested too deeply") from None
+    except ValueError as err:  # a number of more than 4,300 digits
+        raise DctmsError(f"{config_path}: not valid JSON: {str(err)[:80]}") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise DctmsError(f"{config_path}: not a model config (no model_type)")
     return config

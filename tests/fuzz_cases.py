@@ -294,6 +294,9 @@ def _configs(i, rng, fixtures, small, tiny, config) -> Case:
     if rng.random() < 0.05:
         text = "[" * 5000 + "]" * 5000
         data = ('{"model_type": "qwen2", "x": ' + text + "}").encode()
+    elif rng.random() < 0.04:  # a number past Python's 4,300-digit int conversion limit
+        cfg[rng.choice(CONFIG_KEYS)] = "HUGE"
+        data = json.dumps(cfg).replace('"HUGE"', "9" * 5000).encode()
     else:
         data = json.dumps(cfg).encode()
     command = rng.choice(["compile", "compile", "compile", "fit"])
