@@ -96,7 +96,7 @@ def read_safetensors_header(path: Path) -> list[HeaderTensor]:
             size = f.seek(0, 2)
     except OSError as err:
         raise DctmsError(f"{path}: cannot read: {err.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, a 5,000-digit number, deep nesting
         raise DctmsError(f"{path}: not a safetensors file (bad header)") from None
     if not isinstance(header, dict):
         raise DctmsError(f"{path}: not a safetensors file (header is not a JSON object)")

@@ -147,3 +147,21 @@ def test_an_mlx_error_is_one_line(tiny, tmp_path):
     from dctms.cli.main import one_line
 
     assert one_line("first\n  second\n\nthird") == "first; second; third"
+
+
+def test_a_number_of_5000_digits_in_a_safetensors_header(tiny, tmp_path):
+    import shutil
+    import struct
+
+    plan, folder = tiny
+    model = tmp_path / "model"
+    shutil.copytree(folder, model)
+    weights = model / "model.safetensors"
+    raw = weights.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = raw[8 : 8 + n].replace(b'"data_offsets":[', b'"data_offsets":[' + b"9" * 5000 + b",", 1)
+    assert len(header) > n
+    weights.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + n :])
+    for argv in (["compile", str(model), "-N", "8", "-M", "4"],
+                 ["run", str(plan), "--model", str(model), "--tokens", "1"]):  # fmt: skip
+        assert_one_line_refusal(cli(*argv), argv[0], "not a safetensors file")
