@@ -21,6 +21,7 @@ COMMANDS = [
     "dot",
     "trace",
     "fit",
+    "pack",
     "pool",
     "serve",
 ]

@@ -38,13 +38,18 @@ class Outcome:
     work: int
 
 
-def preorders(size: np.ndarray, length: np.ndarray, total: np.ndarray) -> list[np.ndarray]:
-    """Pre-orders tried in turn (rank per buffer): by crowdedness, by size, by area."""
+def preorders(
+    start: np.ndarray, size: np.ndarray, length: np.ndarray, total: np.ndarray
+) -> list[np.ndarray]:
+    """Pre-orders tried in turn (rank per buffer). With offsets first, ranking by start gives the
+    bottom-left (skyline) order: the next buffer covers the lowest, leftmost free point; taller
+    or larger buffers first among those starting together. Then MiniMalloc's crowdedness order."""
     idx = np.arange(size.size)
     keys = [
+        np.lexsort((idx, -size, start)),
+        np.lexsort((idx, -(size * length), start)),
         np.lexsort((idx, -size, -length, -total)),
-        np.lexsort((idx, -length, -size)),
-        np.lexsort((idx, -size, -(size * length))),
+        np.lexsort((idx, -length, start)),
     ]
     ranks = []
     for order in keys:
@@ -138,7 +143,9 @@ class PartSearch:
             return Outcome(BUDGET, None, run.work)
         finally:
             sys.setrecursionlimit(limit)
-        return Outcome(FOUND if found else INFEASIBLE, run.offset.copy() if found else None, run.work)
+        return Outcome(
+            FOUND if found else INFEASIBLE, run.offset.copy() if found else None, run.work
+        )
 
 
 class _OutOfBudget(Exception):
@@ -163,6 +170,9 @@ class _Run:
         # Lowest offset each unplaced buffer can take; ``never`` once placed and for the sentinel m.
         self.min_off = np.zeros(m + 1, dtype=np.int64)
         self.min_off[m] = self.never
+        # A lower bound on each unplaced buffer's final offset for the section inference: its
+        # min_off, or just above the last placed offset once canonical order rules min_off out.
+        self.bound = self.min_off.copy()
         self.offset = np.zeros(m, dtype=np.int64)
         self.floor = np.zeros(k, dtype=np.int64)  # top of the buffer placed last in each section
         self.rest_floor = np.zeros(k, dtype=np.int64)  # lowest min_off of the unplaced there
@@ -190,49 +200,78 @@ class _Run:
             if self.work > self.budget:
                 raise _OutOfBudget
             o = int(min_off[b])
-            self._place(b, o)
+            rest = group[group != b]
+            self._place(b, o, rest)
             if not self._dead(o, sec_a, sec_z):
-                rest = group[group != b]
                 groups = _split(rest, ps.lo, ps.hi)
                 if all(self.solve(g, o, int(rank[b])) for g in groups):
                     return True
             self._undo_to(mark)
         return False
 
-    def _place(self, b: int, o: int) -> None:
-        ps, min_off = self.ps, self.min_off
+    def _place(self, b: int, o: int, rest: np.ndarray) -> None:
+        ps, min_off, bound = self.ps, self.min_off, self.bound
         top = o + int(ps.size[b])
         self.offset[b] = o
-        saved_b = int(min_off[b])
-        min_off[b] = self.never
+        saved_b = (int(min_off[b]), int(bound[b]))
+        min_off[b] = bound[b] = self.never
         ov = self.overlaps[b]
-        saved_mo = min_off[ov]
+        saved_mo, saved_bound = min_off[ov], bound[ov]
         align = ps.align[ov]
         min_off[ov] = np.maximum(saved_mo, -(-top // align) * align)
+        bound[ov] = np.maximum(saved_bound, min_off[ov])
+        # Canonical order rules out offset o for the unplaced buffers that would come before b
+        # (lower min_off, or o with a lower rank): they end strictly above o.
+        rank = self.rank
+        mo = min_off[rest]
+        stuck = rest[(mo < o) | ((mo == o) & (rank[rest] < rank[b]))]
+        if stuck.size:
+            lifted = o + ps.align[stuck]
+            stuck = stuck[bound[stuck] < lifted]
+        saved_stuck = bound[stuck]
+        if stuck.size:
+            bound[stuck] = o + ps.align[stuck]
         a, z = int(ps.lo[b]), int(ps.hi[b])
         saved_floor = self.floor[a:z].copy()
         self.floor[a:z] = top
         self.total[a:z] -= ps.size[b]
-        # Sections whose unplaced set or min_offs changed: those of b and of its overlaps.
+        # Sections whose unplaced set or bounds changed: those of b, its overlaps and the stuck.
         sa, sz = int(self.span_lo[b]), int(self.span_hi[b])
+        if stuck.size:
+            sa, sz = min(sa, int(ps.lo[stuck].min())), max(sz, int(ps.hi[stuck].max()))
         e0, e1 = int(ps.sec_start[sa]), int(ps.sec_start[sz])
         saved_rest = self.rest_floor[sa:sz].copy()
         self.rest_floor[sa:sz] = np.minimum.reduceat(
-            min_off[ps.sec_members[e0:e1]], ps.sec_start[sa:sz] - e0
+            bound[ps.sec_members[e0:e1]], ps.sec_start[sa:sz] - e0
         )
-        self.trail.append((b, saved_b, ov, saved_mo, saved_floor, saved_rest))
+        self.trail.append(
+            (b, saved_b, ov, saved_mo, saved_bound, stuck, saved_stuck, saved_floor, sa, saved_rest)
+        )
         self.work += ps.m + ps.k + (e1 - e0) + _NODE_OVERHEAD
 
     def _undo_to(self, mark: int) -> None:
-        ps = self.ps
+        ps, min_off, bound = self.ps, self.min_off, self.bound
         while len(self.trail) > mark:
-            b, saved_b, ov, saved_mo, saved_floor, saved_rest = self.trail.pop()
-            self.min_off[ov] = saved_mo
-            self.min_off[b] = saved_b
+            (
+                b,
+                saved_b,
+                ov,
+                saved_mo,
+                saved_bound,
+                stuck,
+                saved_stuck,
+                saved_floor,
+                sa,
+                saved_rest,
+            ) = self.trail.pop()
+            bound[stuck] = saved_stuck
+            min_off[ov] = saved_mo
+            bound[ov] = saved_bound
+            min_off[b], bound[b] = saved_b
             a, z = int(ps.lo[b]), int(ps.hi[b])
             self.floor[a:z] = saved_floor
             self.total[a:z] += ps.size[b]
-            self.rest_floor[int(self.span_lo[b]) : int(self.span_hi[b])] = saved_rest
+            self.rest_floor[sa : sa + saved_rest.size] = saved_rest
 
     def _dead(self, o: int, a: int, z: int) -> bool:
         # In each section of the group, the buffers still to place stack above max(floor, the

@@ -143,7 +143,7 @@ def _round_robin(search: PartSearch, capacity: int, budget: int) -> tuple[Outcom
     spent = setup
     search.overlaps()
     length = (search.hi - search.lo).astype(np.int64)
-    ranks = preorders(search.size, length, search.crowding())
+    ranks = preorders(search.lo, search.size, length, search.crowding())
     limit = _FIRST_LIMIT_NODES * search.m * (search.m + search.k)
     while True:
         for rank in ranks:

@@ -43,6 +43,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--backend", choices=["cpu", "gpu"], help="MLX device (default: MLX's default)")
     p.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
+    p.add_argument(
+        "--pack-seconds",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help=(
+            "search budget of the offset packer when its greedy pass misses the lower bound, "
+            "spread over the phases; a fixed amount of work, so plans stay reproducible "
+            "(default 1; 0: greedy only)"
+        ),
+    )
     p.add_argument("--profile", choices=PROFILE_NAMES, help="roofline target profile")
     p.add_argument(
         "--sync-every",
@@ -91,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         profile=args.profile,
         hash_weights=args.hash_weights,
         sync_every=args.sync_every,
+        pack_seconds=args.pack_seconds,
     )
     plan = compile_plan(source, opts, progress)
     if args.output and args.output != "-":
