@@ -277,7 +277,7 @@ def test_reshape_prediction_matches_mlx(shape, perm, target) -> None:
 
 
 def test_compile_cli_lists_every_target_profile() -> None:
-    from dctms.cli.commands.compile import PROFILE_NAMES
+    from dctms.cli.compile_options import PROFILE_NAMES
     from dctms.toolkit.profiles import PROFILES
 
     assert sorted(PROFILE_NAMES) == sorted(PROFILES)
