@@ -63,8 +63,8 @@ def model_config(args: argparse.Namespace) -> dict:
 
 def prepare(args: argparse.Namespace) -> tuple[Path, Path, dict]:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     config = model_config(args)
@@ -78,7 +78,7 @@ def prepare(args: argparse.Namespace) -> tuple[Path, Path, dict]:
         print(f"building {name} in {folder}", file=sys.stderr)
         write_tiny_model(folder, config, seed=0, tokenizer=False)
     plan = compile_plan(
-        load_source(folder),
+        open_model(folder),
         CompileOptions(
             input_tokens=args.prompt_tokens,
             output_tokens=args.tokens,
@@ -133,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load_model
 
-    from dctms.runner.load import load_checked_plan, open_model_folder
+    from dctms.runner.load import load_checked_plan
     from dctms.runner.request import validate_request
     from dctms.runner.session import Session
+    from dctms.schema.model_folder import open_model_folder
 
     folder, plan_path, config = prepare(args)
     default_memory = mx.get_memory_limit()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from dctms.figures.units import parse_size
 from dctms.schema.errors import DctmsError
-from dctms.toolkit.sizes import parse_size
 
 if TYPE_CHECKING:
     from dctms.toolkit.compiler import CompileOptions

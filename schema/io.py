@@ -18,14 +18,15 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from dctms.schema.errors import DctmsError, PlanError, Problem
-from dctms.schema.layout import layout
+from dctms.schema.digest import body_sha256, duplicate_key, stamp
+from dctms.schema.errors import PlanError, Problem
+from dctms.schema.output import write_output
 from dctms.schema.paths import json_path
 from dctms.schema.schema_check import schema_problems
 from dctms.schema.types import Plan
@@ -40,7 +41,17 @@ MAX_PLAN_FILE_BYTES = 256 * 2**20
 
 
 def encode_plan(plan: Plan) -> bytes:
-    """The canonical bytes of ``plan``: the same plan always gives the same bytes."""
+    """The canonical bytes of ``plan``, stamped with its digest (``schema.digest``; whatever
+    ``plan.digest`` held is replaced): the same plan always gives the same bytes."""
+    document = _document(plan)
+    bad = _non_finite_path(document, [])
+    if bad is not None:
+        raise PlanError("<encode>", [Problem(bad, "non-finite float cannot be written", "finite")])
+    return stamp(document)
+
+
+def _document(plan: Plan) -> dict[str, Any]:
+    """``plan`` as JSON values, keys in struct field order, non-finite floats spelled out."""
     # "deterministic" sorts plain dict keys (files_sha256, dicts in args) but keeps struct field order.
     document = msgspec.to_builtins(plan, order="deterministic")
     for phase in document["phases"]:
@@ -49,10 +60,7 @@ def encode_plan(plan: Plan) -> bytes:
                 op["args"] = to_json_value(op["args"])
         for constant in phase["constants"]:
             constant["value"] = to_json_value(constant["value"])
-    bad = _non_finite_path(document, [])
-    if bad is not None:
-        raise PlanError("<encode>", [Problem(bad, "non-finite float cannot be written", "finite")])
-    return (layout(document) + "\n").encode("utf-8")
+    return document
 
 
 def _non_finite_path(value: Any, parts: list[str | int]) -> str | None:
@@ -72,52 +80,16 @@ def _non_finite_path(value: Any, parts: list[str | int]) -> str | None:
     return None
 
 
-def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan`` canonically to ``path``, atomically: readers see the old file or the new one.
+def write_plan(
+    plan: Plan, path: str | os.PathLike[str], *, inputs: Iterable[str | os.PathLike[str]] = ()
+) -> None:
+    """Write ``plan`` canonically to ``path``, atomically (``schema.output``): readers see the old
+    file or the new one; never onto one of ``inputs``, a directory or a device.
 
     The plan is not verified here (the compiler verifies before writing; a broken plan can be written
     for inspection). Raises ``DctmsError`` when the file cannot be written.
     """
-    data = encode_plan(plan)
-    target = Path(path)
-    try:
-        mode = target.stat().st_mode & 0o777 if target.exists() else _default_mode()
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as err:
-        raise DctmsError(f"cannot write {path}: {err.strerror or err}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)  # mkstemp creates 0600; a plan is an ordinary file
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException as err:
-        Path(temp).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise DctmsError(f"cannot write {path}: {err.strerror or err}") from None
-        raise
-    _fsync_directory(target.parent)
-
-
-def _default_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable; not possible on every platform, and not needed for atomicity.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    write_output(path, encode_plan(plan), inputs=inputs)
 
 
 # ----------------------------------------------------------------------------------------------- read
@@ -181,7 +153,40 @@ def _decode(data: bytes) -> tuple[Plan | None, list[Problem]]:
     if version is not None:
         return None, [version]
     plan = _restore_non_finite(plan)
-    return plan, verify_plan(plan)
+    problems = verify_plan(plan)
+    if not problems:  # an invalid plan is refused anyway: these would add nothing
+        problems = _integrity_problems(plan, bytes(data))
+    return plan, problems
+
+
+def _integrity_problems(plan: Plan, data: bytes) -> list[Problem]:
+    """The digest (``schema.digest``) and, in a file not in canonical form, duplicate keys (JSON
+    readers keep the last of two equal keys: an edit could hide behind the first)."""
+    document = _document(plan)
+    actual = body_sha256(document)
+    if data.strip() != stamp(document).strip():
+        duplicate = duplicate_key(data)
+        if duplicate is not None:
+            return [Problem("$", duplicate, "json")]
+    if not plan.digest:
+        return [
+            Problem(
+                "$.digest",
+                "the plan has no digest (it was not written by dctms): recompile it",
+                "digest",
+            )
+        ]
+    if plan.digest != actual:
+        return [
+            Problem(
+                "$.digest",
+                f"the plan was changed after it was written (digest {plan.digest[:12]}, "
+                f"content {actual[:12]}): recompile it (dctms check re-checks a plan against "
+                "its model)",
+                "digest",
+            )
+        ]
+    return []
 
 
 def _explain(data: bytes, typed_error: Exception) -> list[Problem]:

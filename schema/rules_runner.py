@@ -123,3 +123,32 @@ def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
                     f"writes {w.state!r} along axis {w.axis} of size {size}, "
                     f"smaller than bounds.kv_capacity {capacity}"
                 )
+
+
+INT32_MAX = 2**31 - 1
+
+
+def op_arguments(ix: PlanIndex) -> Iterator[Finding]:
+    """Integers in op arguments fit MLX's 32-bit shapes, axes and indices (a larger one is an
+    OverflowError in MLX's binding: no plan MLX traced has one)."""
+    for px in ix.phases:
+        for k, op in enumerate(px.phase.ops):
+            bad = _outside_int32(op.args)
+            if bad is not None:
+                yield (
+                    f"{px.op_path(k)}.args",
+                    f"argument {bad} of {op.primitive} is outside MLX's 32-bit integer range",
+                )
+
+
+def _outside_int32(args: object) -> int | None:
+    stack = [args]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif type(value) is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
+            return value
+    return None

@@ -82,8 +82,10 @@ class Quantization(_Base):
 class WeightTensor(_Base):
     name: Name
     shape: Shape
-    dtype: Name
+    dtype: Name  # as resident in memory (what ``bytes`` counts)
     bytes: ByteCount
+    # As stored in the safetensors file, when the plan casts it at load (``compile --dtype``).
+    stored_dtype: Name | None = None
 
 
 class Weights(_Base):
@@ -311,3 +313,6 @@ class Plan(_Base):
     phases: list[Phase]
     envelope: Envelope
     stats: Stats
+    # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
+    # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.
+    digest: Sha256 | Literal[""] = ""

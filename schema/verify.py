@@ -68,6 +68,7 @@ RULES: dict[str, Rule] = {
     "runner_names": rules_runner.runner_names,
     "vocabulary": rules_runner.vocabulary,
     "state_capacity": rules_runner.state_capacity,
+    "op_arguments": rules_runner.op_arguments,
 }
 
 

@@ -99,8 +99,6 @@ def edit_plan(source: Path, target: Path, edit: Callable[[dict], object]) -> Pat
 
 
 def restamp(document: dict) -> bytes:
-    try:
-        from dctms.schema.digest import stamp
-    except ImportError:  # before the plan digest
-        return json.dumps(document).encode()
+    from dctms.schema.digest import stamp
+
     return stamp(document)

@@ -18,7 +18,7 @@ from dctms.schema.io import read_plan, write_plan
 from dctms.schema.types import Plan
 from dctms.tui.app import InspectorApp
 from dctms.tui.screens.help import HelpScreen
-from dctms.tui.state import Session
+from dctms.tui.state import Inspection
 from dctms.tui.widgets.arena_map import ArenaMap
 from dctms.tui.widgets.gantt import Gantt
 from dctms.tui.widgets.memory_curve import MemoryCurve
@@ -30,8 +30,8 @@ SIZE = (110, 36)
 
 def make_app(plan: Plan | None = None, old: Plan | None = None, **kwargs) -> InspectorApp:
     plan = plan or make_tiny_plan()
-    session = Session(plan, "tiny.plan", old=old, old_path=None if old is None else "old.plan")
-    return InspectorApp(session, **kwargs)
+    inspection = Inspection(plan, "tiny.plan", old=old, old_path=None if old is None else "old.plan")
+    return InspectorApp(inspection, **kwargs)
 
 
 def drive(app: InspectorApp, scenario: Callable, size: tuple[int, int] = SIZE) -> None:
@@ -89,7 +89,7 @@ def test_overview_shows_the_plans_figures():
         arena = text(app.screen.query_one("#arena"))
         assert f"decode                   {plan.phases[0].arena_bytes:,}" in arena
         # Start-up builds no per-phase index: only the overview exists.
-        assert app.session.index._phases == {}
+        assert app.inspection.index._phases == {}
 
     drive(app, scenario, size=(110, 50))
 
@@ -416,7 +416,7 @@ def test_7b_starts_fast_and_scrolls(tmp_path: Path):
     assert min(times) < 2.0, times
 
     plan = read_plan(PLANS / "qwen7b.plan")
-    app = InspectorApp(Session(plan, "qwen7b.plan"), screen="lifetimes")
+    app = InspectorApp(Inspection(plan, "qwen7b.plan"), screen="lifetimes")
 
     async def scenario(pilot):
         gantt = app.screen.query_one(Gantt)

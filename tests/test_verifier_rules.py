@@ -426,6 +426,7 @@ CASES: list[tuple[str, str, Break]] = [
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
     ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),
     ("state_capacity", "cache written at a constant", lambda p: _state_written_at(p, "c_half")),
+    ("op_arguments", "a shape of 10^12", lambda p: op(p, 1, args=[[10**12, 8]])),
 ]
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dctms.figures.units import human
 from dctms.schema.types import Plan
-from dctms.toolkit.sizes import human
 from dctms.views.roofline import plan_roofline
 from dctms.views.roofline_text import seconds_text, tokens_per_s_text
 

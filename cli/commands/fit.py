@@ -98,10 +98,28 @@ def _chunks(args: argparse.Namespace) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dctms.schema.io import write_plan
+    from dctms.cli.inputs import model_inputs
+    from dctms.schema.output import reserve_output
+
+    if args.output is None:
+        return _run(args, None)
+    # Checked (and the file reserved) before the search: never onto the model, a device or a folder.
+    label = f"-o {args.output or repr(args.output)}"
+    with reserve_output(args.output, inputs=model_inputs(args.model), label=label) as target:
+        return _run(args, target)
+
+
+def _write(target, plan) -> None:
+    if target is not None:
+        from dctms.schema.io import encode_plan
+
+        target.write(encode_plan(plan))
+
+
+def _run(args: argparse.Namespace, target) -> int:
+    from dctms.figures.units import human
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan
-    from dctms.toolkit.model_source import load_source
-    from dctms.toolkit.sizes import human
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
     budget = memory_budget(args)
@@ -115,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt_tokens is not None and args.prompt_tokens < 1:
         raise DctmsError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
     chunks = _chunks(args)
-    source = load_source(args.model)
+    source = open_model(args.model)
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
     cap_reason = (
@@ -160,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.search == "chunk":
         return _run_chunk_search(
-            args, search, chunks, letter, other, fixed, budget, start, cap_reason
+            args, search, chunks, letter, other, fixed, budget, start, cap_reason, target
         )
 
     result, plan = search(chunks[0], None, "")
@@ -168,8 +186,7 @@ def run(args: argparse.Namespace) -> int:
     if result.best is None or plan is None:
         return _nothing_fits(args, result, letter, other, fixed, budget)
     summary = fit_summary(result, plan, "input_tokens" if search_n else "output_tokens", elapsed)
-    if args.output:
-        write_plan(plan, args.output)
+    _write(target, plan)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
@@ -179,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int) -> int:
-    from dctms.toolkit.sizes import human
+    from dctms.figures.units import human
 
     first = result.probe(1)
     short = first.total - budget
@@ -195,10 +212,9 @@ def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int
 
 
 def _run_chunk_search(
-    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str
+    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, target
 ) -> int:
-    from dctms.schema.io import write_plan
-    from dctms.toolkit.sizes import human
+    from dctms.figures.units import human
     from dctms.views.fit import fit_summary, fit_text
     from dctms.views.fit_chunks import best_row, chunk_doc, chunk_row, chunk_table_text
 
@@ -241,8 +257,7 @@ def _run_chunk_search(
         result, plan, "input_tokens" if letter == "N" else "output_tokens", elapsed
     )
     summary["compiles"] = sum(len(r.probes) for _, r, _ in found)
-    if args.output:
-        write_plan(plan, args.output)
+    _write(target, plan)
     profile = plan.target.profile.name
     if args.json:
         doc = {

@@ -52,9 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import psutil
 
+    from dctms.figures.units import human, parse_size
     from dctms.runner.load import load_checked_plan
     from dctms.serve.spec import parse_plan_specs
-    from dctms.toolkit.sizes import human, parse_size
     from dctms.views.pool import pool_of, pool_summary
 
     try:

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Static
 
-from dctms.tui.diff import Change, Delta, plan_diff
+from dctms.figures.comparison import Change, Delta, plan_diff
 from dctms.tui.screens.base import InspectorScreen
 from dctms.tui.widgets.scroll import PageScroll
 
@@ -64,20 +64,22 @@ def change_table(title: str, rows: list[Change]) -> Table:
     table.add_column("")
     for row in rows:
         mark = Text("changed", style=CHANGED) if row.changed else Text("same", style="dim")
-        table.add_row(Text(row.name, style=CHANGED if row.changed else ""), row.old, row.new, mark)
+        name = Text(row.name, style=CHANGED if row.changed else "")
+        table.add_row(name, row.old_text, row.new_text, mark)
     return table
 
 
 class DiffScreen(InspectorScreen):
     MODE = "diff"
+    TITLE = "Diff"
 
     def compose_body(self) -> ComposeResult:
-        session = self.session
-        assert session.old is not None and session.old_path is not None
-        diff = plan_diff(session.old, session.plan)
+        inspection = self.inspection
+        assert inspection.old is not None and inspection.old_path is not None
+        diff = plan_diff(inspection.old, inspection.plan)
         with PageScroll(id="diff"):
             yield Static(
-                f"[b]{session.old_path}[/b] → [b]{session.path}[/b]: {diff.changed} figure(s) differ"
+                f"[b]{inspection.old_path}[/b] → [b]{inspection.path}[/b]: {diff.changed} figure(s) differ"
                 "   [dim](other screens show the new plan)[/dim]",
                 id="diff-header",
             )

@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
 
-from dctms.tui.data import arena_rows, bounds_rows, table1
+from dctms.figures.overview import arena_rows, bounds_rows, header, table1
 from dctms.tui.screens.base import InspectorScreen
 from dctms.tui.widgets.envelope_bar import EnvelopeBar
 from dctms.tui.widgets.scroll import PageScroll
@@ -15,15 +15,16 @@ from dctms.tui.widgets.scroll import PageScroll
 
 class OverviewScreen(InspectorScreen):
     MODE = "overview"
+    TITLE = "Overview"
 
     def compose_body(self) -> ComposeResult:
-        plan = self.session.plan
-        m, g, t = plan.model, plan.generator, plan.target
+        plan = self.inspection.plan
+        h = header(plan)
         with PageScroll(id="overview"):
             yield Static(
-                f"[b]{m.architecture}[/b], {m.num_layers} layers, {m.weights.count:,} weight tensors, "
-                f"target {t.backend} (alignment {t.alignment})  [dim]schema v{plan.schema_version}; "
-                f"dctms {g.dctms}, mlx {g.mlx}, mlx-lm {g.mlx_lm}[/dim]",
+                f"[b]{h.architecture}[/b], {h.num_layers} layers, {h.weight_tensors:,} weight "
+                f"tensors, target {h.backend} (alignment {h.alignment})  [dim]schema "
+                f"v{h.schema_version}; {h.generator}[/dim]",
                 id="header",
             )
             yield Static("[b]Memory envelope[/b]", classes="section")
@@ -37,12 +38,12 @@ class OverviewScreen(InspectorScreen):
         table = Table(title="Bounds", title_justify="left", show_header=False, box=None)
         table.add_column(style="dim")
         table.add_column()
-        for name, value in bounds_rows(self.session.plan):
+        for name, value in bounds_rows(self.inspection.plan):
             table.add_row(name, value)
         return table
 
     def _table1(self) -> Table:
-        t1 = table1(self.session.plan)
+        t1 = table1(self.inspection.plan)
         table = Table(title="Table 1: interval colouring", title_justify="left", box=None)
         table.add_column("")
         table.add_column("this plan", justify="right")
@@ -58,7 +59,7 @@ class OverviewScreen(InspectorScreen):
         table.add_column("arena bytes", justify="right")
         table.add_column("lower bound bytes", justify="right")
         table.add_column("arena / bound", justify="right")
-        for row in arena_rows(self.session.plan):
+        for row in arena_rows(self.inspection.plan):
             ratio = "n/a" if row.ratio is None else f"{row.ratio:.3f}"
             table.add_row(row.name, f"{row.arena:,}", f"{row.lower_bound:,}", ratio)
         return table
