@@ -175,15 +175,23 @@ def _dive(p, sw, parts, offsets, tops, g: int, lower: int, budget: int) -> int:
         spent += setup
         if search is None:
             continue
-        for rank in search.ranks():
-            left = min(budget - spent, _DIVE_NODES * search.m * search.node_work() + search.dive_extra())
-            if left <= 0 or tops[i] - g < int(search.total0.max()):
-                break
-            outcome = search.fits(tops[i] - g, rank, left)
-            spent += outcome.work
-            if outcome.status == FOUND:
-                offsets[parts[i][0]] = outcome.offsets
-                tops[i] = int((outcome.offsets + search.size).max())
+        improved = True
+        while improved:  # again from every pre-order while some dive lowers the top
+            improved = False
+            for rank in search.ranks():
+                dive = _DIVE_NODES * search.m * search.node_work() + search.dive_extra()
+                left = min(budget - spent, dive)
+                if left <= 0:
+                    return spent
+                if tops[i] - g < int(search.total0.max()):
+                    improved = False
+                    break  # this part is at its own lower bound
+                outcome = search.fits(tops[i] - g, rank, left)
+                spent += outcome.work
+                if outcome.status == FOUND:
+                    offsets[parts[i][0]] = outcome.offsets
+                    tops[i] = int((outcome.offsets + search.size).max())
+                    improved = True
     return spent
 
 
