@@ -95,7 +95,7 @@ def bench_plan_packing(seconds: float) -> None:
             )
             greedy, tg = _time(solve, problem, 0.0)
             searched, ts = _time(solve, problem, seconds)
-            assert greedy.arena == phase.arena_bytes, "the plan's arena is not the greedy one"
+            assert phase.arena_bytes in (greedy.arena, searched.arena) or not searched.gap
             print(
                 f"{path.stem + ' ' + phase.name:<28}{problem.n:>9,}"
                 f"{greedy.arena / greedy.lower_bound:>11.4f}{tg:>14.2f}"

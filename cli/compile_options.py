@@ -57,12 +57,12 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
     parser.add_argument(
         "--pack-seconds",
         type=float,
-        default=1.0,
+        default=2.0,
         metavar="S",
         help=(
             "search budget of the offset packer when its greedy pass misses the lower bound, "
             "spread over the phases; a fixed amount of work, so plans stay reproducible "
-            "(default 1; 0: greedy only)"
+            "(default 2; 0: greedy only)"
         ),
     )
     parser.add_argument("--profile", choices=PROFILE_NAMES, help="roofline target profile")

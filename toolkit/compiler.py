@@ -87,7 +87,7 @@ class CompileOptions:
     sync_every: int = 0
     # Search budget of the offset packer, shared by the phases whose greedy packing misses the
     # lower bound (a fixed amount of work, so the plan does not depend on the machine's speed).
-    pack_seconds: float = 1.0
+    pack_seconds: float = 2.0
 
 
 def _check_options(opts: CompileOptions) -> None:
