@@ -41,7 +41,8 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
     parser.add_argument(
         "--dtype",
         choices=DTYPE_CHOICES,
-        help="model dtype (default: the config's torch_dtype, else bfloat16)",
+        help="cast every floating weight to this dtype at load (default: the dtypes the weights are "
+        "stored in, as mlx-lm runs them; a config alone: its torch_dtype, else bfloat16)",
     )
     parser.add_argument(
         "--memory",

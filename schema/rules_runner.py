@@ -25,12 +25,17 @@ RUNNER_INPUTS = {
 RESULT = "next_token"
 
 
+def runnable(plan) -> bool:
+    """Whether the plan has the phases the runner executes (the others can only be inspected)."""
+    return set(RUNNER_INPUTS) <= {p.name for p in plan.phases}
+
+
 def runner_names(ix: PlanIndex) -> Iterator[Finding]:
     """In a runnable plan (one with both the prefill and the decode phase: the runner refuses any
     other, and a plan of one phase can still be inspected), those phases take exactly the inputs
     the runner feeds, return ``next_token``, and read only KV state, which they also write back."""
     plan = ix.plan
-    if not set(RUNNER_INPUTS) <= {p.name for p in plan.phases}:
+    if not runnable(plan):
         return
     kv = {s.name for s in plan.state if s.kind == "kv"}
     for px in ix.phases:

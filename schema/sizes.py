@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 
-from dctms.schema.types import Tensor
+from dctms.schema.types import Tensor, WeightTensor
 
 # MLX dtypes by name; bytes per element.
 ITEMSIZE: dict[str, int] = {
@@ -109,3 +109,23 @@ def slack_bytes(tensors: Iterable[Tensor], num_slots: int, allocator_slack: int)
         return 0
     spans = tenant_spans(tensors, lambda t: min(t.bytes, allocator_slack))
     return max(live_bytes(spans, num_slots), default=0)
+
+
+def cast_order(tensors: Iterable[WeightTensor]) -> list[WeightTensor]:
+    """The weights a plan casts at load (``stored_dtype`` set), in the order the runner casts them:
+    largest stored copy first, so each stored copy in flight is covered by weights not yet loaded."""
+    cast = [w for w in tensors if w.stored_dtype is not None]
+    return sorted(cast, key=lambda w: (-nbytes(w.shape, w.stored_dtype or w.dtype), w.name))
+
+
+def cast_overshoot(tensors: list[WeightTensor]) -> int:
+    """Bytes by which loading with casts can exceed the resident weights: casting tensor i holds
+    the resident copies cast so far, its stored copy and its new copy, while the weights cast later
+    and those loaded as stored are not loaded yet."""
+    order = cast_order(tensors)
+    total = sum(w.bytes for w in tensors)
+    done, worst = 0, 0
+    for w in order:
+        done += w.bytes
+        worst = max(worst, done + nbytes(w.shape, w.stored_dtype or w.dtype) - total)
+    return worst

@@ -16,7 +16,7 @@ import dctms
 from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256
 from dctms.schema.model_folder import ModelFolder
-from dctms.schema.sizes import is_arena_tenant, slack_bytes
+from dctms.schema.sizes import cast_overshoot, is_arena_tenant, slack_bytes
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -157,9 +157,24 @@ def compile_plan(
         device_memory=opts.device_memory,
         cache_enabled=settings.allocator_slack > 0,
     )
+    check_cast_overshoot(weights, envelope)
     plan = emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
     self_check(plan)
     return plan
+
+
+def check_cast_overshoot(weights: Weights, envelope) -> None:
+    """While the runner casts weights at load (``--dtype``), one stored copy is in flight beside
+    the resident ones; what the KV cache, persistent state and arena (not yet allocated then) leave
+    must cover it, or the provable envelope would not bound the load."""
+    over = cast_overshoot(weights.tensors)
+    room = envelope.kv + envelope.persistent + envelope.intermediate
+    if over > room:
+        raise DctmsError(
+            f"--dtype: casting the weights at load would exceed the resident weights by {over} "
+            f"bytes, more than the {room} bytes the rest of the envelope covers; convert the "
+            "weights to that dtype instead (or compile without --dtype)"
+        )
 
 
 def resolve_settings(

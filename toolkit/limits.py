@@ -58,6 +58,20 @@ def check_config(config: dict[str, Any]) -> None:
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type.strip():
         raise DctmsError(f"config.json: model_type must be a name, got {model_type!r}")
+    for where, section in _sections(config):
+        heads, kv_heads = section.get("num_attention_heads"), section.get("num_key_value_heads")
+        hidden = section.get("hidden_size")
+        if "head_dim" not in section and type(hidden) is int and type(heads) is int and heads:
+            if hidden % heads:
+                raise DctmsError(
+                    f"config.json: {where}hidden_size {hidden} is not a multiple of "
+                    f"num_attention_heads {heads} (and no head_dim is given)"
+                )
+        if type(heads) is int and type(kv_heads) is int and kv_heads and heads % kv_heads:
+            raise DctmsError(
+                f"config.json: {where}num_attention_heads {heads} is not a multiple of "
+                f"num_key_value_heads {kv_heads}"
+            )
     for key in ("torch_dtype", "dtype"):
         value = config.get(key)
         if value is not None and not isinstance(value, str):
