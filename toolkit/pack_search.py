@@ -10,8 +10,14 @@ buffers taken in that order, at their ``min_off``; it prunes
 * dominated children: an offset at or above some unplaced buffer's ``min_off + size`` would leave
   a hole that buffer could drop into, so a canonical packing never does it;
 * infeasible nodes: in each *section* (a time range with a fixed live set) the buffers still to
-  place all stack above the last one placed there (placement is in offset order), so their total
-  must fit between that floor and the capacity.
+  place stack above the highest of: the top of the last one placed there (placement is in offset
+  order), the last placed offset, and the lowest offset any of them can still take (its
+  ``min_off``, or just above the last placed offset once canonical order rules that out); their
+  total must fit between that and the capacity;
+* twin stacks: buffers with identical sections that touch stack in one fixed order (``_Run``).
+
+After each placement the unplaced buffers of a group split into groups that overlap no other in
+time (dynamic decomposition); each is solved on its own.
 
 The search counts its *work* (array elements touched) against a budget instead of reading a
 clock, so a given budget always ends at the same node: the packing is deterministic whatever the

@@ -3,11 +3,12 @@
 ``solve(problem, seconds)``:
 
 1. greedy best-fit over several orders (``pack_greedy``); an arena equal to the live-bytes lower
-   bound is optimal and ends it (every checked-in LLM plan stops here);
-2. otherwise the problem is split into independent parts (no buffer crosses between them) and a
-   search over capacities ``C`` runs, lowest first: every part whose greedy packing is above ``C``
-   is searched (``pack_search``) for a packing within ``C``. A part found to fit lowers the arena;
-   a part proven not to fit raises the proven lower bound to the next possible arena above ``C``.
+   bound is optimal and ends it (the checked-in 7B plan's phases stop here);
+2. otherwise the problem is split into independent parts (no buffer crosses between them). Short
+   bottom-left dives (searches with little room to backtrack) first try to lower each part's top;
+   then a search over capacities ``C`` runs, lowest first: every part above ``C`` is searched
+   (``pack_search``) for a packing within ``C``. A part found to fit lowers the arena; a part
+   proven not to fit raises the proven lower bound to the next possible arena above ``C``.
    Capacities are probed from the lower bound up, then halving the remaining gap, until the arena
    meets the proven bound (optimal) or the budget is spent (the gap is reported).
 
