@@ -77,6 +77,7 @@ def number(cell: str) -> int:
     return int(cell.replace(",", "").replace("+", ""))
 
 
+@pytest.mark.slow
 def test_markdown_command_end_to_end(capsys, markdown):
     code, out, err = diff(capsys, "--format", "markdown", str(OLD), str(NEW))
     assert code == 0 and err == ""
