@@ -8,4 +8,6 @@ The CLI's text, markdown and JSON renderers (``dctms.views``) and the inspector'
 - ``overview``: header, bounds, the memory envelope, the paper's Table 1, arena vs lower bound.
 - ``memory``: the live-bytes curve of a phase, its peak, and the tenants live at a slot.
 - ``comparison``: what changed between two plans (envelope, Table 1, phases, bounds, model).
+- ``op_costs``: FLOPs and bytes moved of one primitive (weights, KV, activations, scratch).
+- ``roofline``: a plan on a target's roofline: per phase and op class, predicted decode tok/s, TTFT.
 """
