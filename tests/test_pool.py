@@ -116,6 +116,7 @@ def test_cli_short_exits_1_with_the_shortfall(capsys, real_plans):
     )
 
 
+@pytest.mark.slow
 def test_cli_json_matches_the_composition(capsys, real_plans):
     assert main(["pool", f"small={SMALL}", f"big={BIG}", "--memory", "8GiB", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "runner_vs_mlx_lm.py"
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs_and_reports_ratios(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [

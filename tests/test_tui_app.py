@@ -97,6 +97,7 @@ def test_overview_shows_the_plans_figures():
 # -------------------------------------------------------------------------------- navigation
 
 
+@pytest.mark.slow
 def test_number_keys_tab_and_palette_switch_screens():
     app = make_app()
 
@@ -402,6 +403,7 @@ def test_bad_second_plan_and_usage_errors(tmp_path: Path, plan_file: Path):
 # ------------------------------------------------------------------------------ the 7B plan
 
 
+@pytest.mark.slow
 def test_7b_starts_fast_and_scrolls(tmp_path: Path):
     # From process start (interpreter, imports, reading and verifying the 1.9 MB plan) to the first
     # screen painted, measured by the app itself; the issue asks for < 2 s on this 2-core machine.

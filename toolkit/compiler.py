@@ -16,7 +16,7 @@ import dctms
 from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256
 from dctms.schema.model_folder import ModelFolder
-from dctms.schema.sizes import cast_overshoot, is_arena_tenant, slack_bytes
+from dctms.schema.sizes import cast_overshoot, is_arena_tenant, nbytes, slack_bytes
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -45,7 +45,7 @@ from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign, limits
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, PhaseLives, analyse
-from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS, nbytes
+from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import Schedule, build_schedule
 from dctms.toolkit.trace import (

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from dctms.schema import rules_derived as schema_derived
-from dctms.schema.sizes import ITEMSIZE, nbytes  # noqa: F401  (re-exported for the passes)
+from dctms.schema.sizes import nbytes
 
 VIEW_ALWAYS = frozenset(
     {
