@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dctms.figures.overview import COMPONENTS, kv_storage
+from dctms.figures.roofline import plan_roofline
 from dctms.figures.units import MIB
 from dctms.schema.types import Phase, Plan
 
@@ -102,11 +103,13 @@ class PlanDiff:
     phases: list[PhaseDelta]
     bounds: list[Change]
     fingerprint: list[Change]
+    roofline: list[Delta]  # predicted speed, each plan on its own target profile
 
     @property
     def changed(self) -> int:
         """How many figures differ (0: the plans agree on everything shown)."""
         rows = [*self.envelope, *self.bounds, *self.fingerprint, *self.table1, *self.phases]
+        rows += self.roofline
         return sum(1 for r in rows if r.changed)
 
 
@@ -211,6 +214,23 @@ def _changes(a: list[tuple[str, str, Any]], b: list[tuple[str, str, Any]]) -> li
     return [Change(key, name, x, y) for (key, name, x), (_, _, y) in zip(a, b, strict=True)]
 
 
+def roofline_deltas(old: Plan, new: Plan) -> list[Delta]:
+    """Predicted decode tok/s and ms per token, and TTFT for a prompt both plans accept (the
+    smaller N), each plan on its own target profile (``figures.roofline``)."""
+    prompt = min(old.bounds.input_tokens, new.bounds.input_tokens)
+    a, b = plan_roofline(old, prompt_tokens=prompt), plan_roofline(new, prompt_tokens=prompt)
+    return [
+        Delta(
+            "decode_tokens_per_s",
+            "decode tok/s",
+            a.decode_tokens_per_s,
+            b.decode_tokens_per_s,
+        ),
+        Delta("decode_ms_per_token", "decode ms/token", a.decode_s * 1e3, b.decode_s * 1e3),
+        Delta("ttft_s", f"TTFT s, {prompt:,}-token prompt", a.ttft_s, b.ttft_s),
+    ]
+
+
 def plan_diff(old: Plan, new: Plan) -> PlanDiff:
     return PlanDiff(
         envelope_deltas(old, new),
@@ -218,4 +238,5 @@ def plan_diff(old: Plan, new: Plan) -> PlanDiff:
         phase_deltas(old, new),
         _changes(_bounds(old), _bounds(new)),
         _changes(_fingerprint(old), _fingerprint(new)),
+        roofline_deltas(old, new),
     )

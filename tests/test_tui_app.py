@@ -94,6 +94,31 @@ def test_overview_shows_the_plans_figures():
     drive(app, scenario, size=(110, 50))
 
 
+def test_overview_shows_the_roofline_summary():
+    from dctms.figures.roofline import plan_roofline, seconds_text, tokens_per_s_text
+
+    plan = read_plan(PLANS / "qwen1.5b.plan")
+    roof = plan_roofline(plan)
+    app = make_app(plan)
+
+    async def scenario(pilot):
+        widget = app.screen.query_one("#roofline")
+        for _ in range(100):  # filled in just after the first paint
+            if "computing" not in text(widget):
+                break
+            await pilot.pause(0.05)
+        shown = text(widget)
+        flat = " ".join(shown.split())  # the title may wrap
+        assert f"Roofline on {plan.target.profile.name}" in flat
+        assert f"decode {tokens_per_s_text(roof.decode_tokens_per_s)} tok/s" in flat
+        assert f"TTFT {seconds_text(roof.ttft_s)} for {plan.bounds.input_tokens:,} tokens" in flat
+        for phase in roof.phases:
+            row = next(line for line in shown.splitlines() if line.strip().startswith(phase.name))
+            assert seconds_text(phase.seconds) in row and f"{phase.tokens:,}" in row
+
+    drive(app, scenario, size=(130, 60))
+
+
 # -------------------------------------------------------------------------------- navigation
 
 
@@ -337,6 +362,9 @@ def test_diff_mode_opens_on_the_deltas():
         arch = next(line for line in fingerprint.splitlines() if "architecture" in line)
         assert "tiny" in arch and "tiny2" in arch and "changed" in arch
         assert "4 figure(s) differ" in text(app.screen.query_one("#diff-header"))
+        roofline = text(app.screen.query_one("#diff-roofline"))  # same graph, same speed
+        speed = next(line for line in roofline.splitlines() if "decode tok/s" in line)
+        assert "+0.000" in speed
         await keys(pilot, "2")  # the other screens show the new plan
         assert app.current_mode == "memory"
         await keys(pilot, "7")

@@ -72,6 +72,10 @@ def diff_data(
         "stats": [_stats_row(r) for r in diff.table1] + [_delta_row(r) for r in arenas],
         "bounds": [_change_row(c) for c in diff.bounds],
         "model": [_change_row(c) for c in diff.fingerprint],
+        "roofline": {
+            "profiles": {"old": old.target.profile.name, "new": new.target.profile.name},
+            "rows": [_roofline_row(r) for r in diff.roofline],
+        },
         "verdict": verdict(old.envelope.total, new.envelope.total, thresholds, budget),
     }
 
@@ -106,6 +110,36 @@ def _stats_row(row: Delta) -> dict[str, Any]:
             "delta_percent": _rounded(row.percent),
         }
     return _delta_row(row)
+
+
+def _roofline_row(row: Delta) -> dict[str, Any]:
+    return {
+        "name": row.key,
+        "label": row.name,
+        "old": row.old,
+        "new": row.new,
+        "delta": row.delta,
+        "delta_percent": _rounded(row.percent),
+    }
+
+
+def _roofline_title(data: dict[str, Any]) -> str:
+    p = data["roofline"]["profiles"]
+    where = p["new"] if p["old"] == p["new"] else f"{p['old']} -> {p['new']}"
+    return f"predicted at the roofline ({where})"
+
+
+def _speed(v: float | None, sign: str = "") -> str:
+    """3-4 significant digits: 1,376 / 3.35 / 0.298."""
+    if v is None:
+        return "-"
+    if abs(v) >= 100:
+        return f"{v:{sign},.0f}"
+    return f"{v:{sign},.2f}" if abs(v) >= 1 else f"{v:{sign}.3g}"
+
+
+def _signed_speed(v: float | None) -> str:
+    return _speed(v, "+")
 
 
 def _change_row(change: Change) -> dict[str, Any]:
@@ -254,6 +288,15 @@ def diff_text(data: dict[str, Any]) -> str:
         for r in data[key]:
             mark = "  *" if r["changed"] else ""
             out.append(f"  {r['name']:<22} {_short(r['old']):<{width}} {_short(r['new'])}{mark}")
+    out += [
+        "",
+        f"{_roofline_title(data):<46} {'old':>12} {'new':>12} {'delta':>12} {'delta %':>10}",
+    ]
+    for r in data["roofline"]["rows"]:
+        out.append(
+            f"  {r['label']:<44} {_speed(r['old']):>12} {_speed(r['new']):>12} "
+            f"{_signed_speed(r['delta']):>12} {_signed_pct(r['delta_percent']):>10}"
+        )
     out += ["", "(* = changed)", _verdict_line(data)]
     return "\n".join(out) + "\n"
 
@@ -295,5 +338,11 @@ def diff_markdown(data: dict[str, Any]) -> str:
                 out += ["", f"Unchanged {title}: {', '.join(same)}."]
         else:
             out.append(f"No change in {title} ({', '.join(same)}).")
+    out += ["", f"| {_roofline_title(data)} | old | new | Δ | Δ % |", "|---|---:|---:|---:|---:|"]
+    for r in data["roofline"]["rows"]:
+        out.append(
+            f"| {r['label']} | {_speed(r['old'])} | {_speed(r['new'])} | "
+            f"{_signed_speed(r['delta'])} | {_signed_pct(r['delta_percent'])} |"
+        )
     out += ["", f"{icon} **{_verdict_line(data)}**"]
     return "\n".join(out) + "\n"

@@ -1,4 +1,5 @@
-"""Diff (two plans): envelope deltas by component, bounds and fingerprint changes, Table-1 deltas."""
+"""Diff (two plans): envelope deltas by component, bounds and fingerprint changes, Table-1 deltas,
+and the change in predicted decode tok/s and TTFT."""
 
 from __future__ import annotations
 
@@ -20,16 +21,18 @@ def _value(value: int | float | None, digits: int) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
 
 
-def _signed(value: int | float | None, digits: int) -> Text:
+def _signed(value: int | float | None, digits: int, up_is_good: bool = False) -> Text:
     if value is None:
         return Text("—", justify="right")
-    style = "" if value == 0 else ("#e06c75" if value > 0 else "#98c379")
+    worse = value < 0 if up_is_good else value > 0
+    style = "" if value == 0 else ("#e06c75" if worse else "#98c379")
     text = f"{value:+,.{digits}f}" if isinstance(value, float) else f"{value:+,}"
     return Text(text, style=style, justify="right")
 
 
 def delta_table(title: str, rows: list[Delta], *, mib: bool, digits: int = 0) -> Table:
-    """Old, new, change (and MiB, %) per figure; growth is red, shrinkage green."""
+    """Old, new, change (and MiB, %) per figure; growth is red, shrinkage green (for a speed,
+    ``tok/s``, the other way round)."""
     table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
     table.add_column("")
     table.add_column("old", justify="right")
@@ -41,16 +44,19 @@ def delta_table(title: str, rows: list[Delta], *, mib: bool, digits: int = 0) ->
     for row in rows:
         d = row.delta
         precise = digits if isinstance(d, float) or isinstance(row.old, float) else 0
+        up_is_good = "tok/s" in row.name
         cells = [
             Text(row.name, style=CHANGED if row.changed else ""),
             _value(row.old, precise),
             _value(row.new, precise),
-            _signed(d, precise),
+            _signed(d, precise, up_is_good),
         ]
         if mib:
             cells.append(_signed(row.delta_mib, 2))
         cells.append(
-            _signed(row.percent, 2) if row.percent is not None else Text("—", justify="right")
+            _signed(row.percent, 2, up_is_good)
+            if row.percent is not None
+            else Text("—", justify="right")
         )
         table.add_row(*cells)
     return table
@@ -92,3 +98,13 @@ class DiffScreen(InspectorScreen):
             yield Static(change_table("Bounds", diff.bounds), id="diff-bounds")
             yield Static(change_table("Model fingerprint", diff.fingerprint), id="diff-fingerprint")
             yield Static(delta_table("Phases", diff.phases, mib=False), id="diff-phases")
+            profiles = {inspection.old.target.profile.name, inspection.plan.target.profile.name}
+            yield Static(
+                delta_table(
+                    f"Predicted at the roofline ({' -> '.join(sorted(profiles))})",
+                    diff.roofline,
+                    mib=False,
+                    digits=3,
+                ),
+                id="diff-roofline",
+            )
