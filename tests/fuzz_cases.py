@@ -294,6 +294,9 @@ def _configs(i, rng, fixtures, small, tiny, config) -> Case:
     if rng.random() < 0.05:
         text = "[" * 5000 + "]" * 5000
         data = ('{"model_type": "qwen2", "x": ' + text + "}").encode()
+    elif rng.random() < 0.04:  # a number past Python's 4,300-digit int conversion limit
+        cfg[rng.choice(CONFIG_KEYS)] = "HUGE"
+        data = json.dumps(cfg).replace('"HUGE"', "9" * 5000).encode()
     else:
         data = json.dumps(cfg).encode()
     command = rng.choice(["compile", "compile", "compile", "fit"])
@@ -330,6 +333,8 @@ def _headers(i, rng, fixtures, small, tiny, config) -> Case:
     elif how == "meta":
         header["__metadata__"] = rng.choice([1, {"format": 5}, None])
     head = json.dumps(header).encode()
+    if rng.random() < 0.05:  # a number past Python's 4,300-digit int conversion limit
+        head = head.replace(b'"data_offsets": [', b'"data_offsets": [' + b"9" * 5000 + b", ", 1)
     length = len(head)
     if how == "length":
         length = rng.choice([0, 7, length + 100, 2**40, 2**64 - 1])

@@ -63,7 +63,7 @@ def test_compile_command_parses_back_to_the_same_options(tmp_path: Path) -> None
     req = CompileRequest(
         config=TINY_QWEN2, input_tokens=16, output_tokens=8, batch=2, prefill_chunk=4,
         dtype="float16", device_memory=2**30, backend="cpu", alignment=128,
-        profile="cpu-x86-2core", sync_every=2, hash_weights=True,
+        profile="cpu-x86-2core", sync_every=2, hash_weights=True, pack_seconds=0.5,
     )  # fmt: skip
     words = shlex.split(compile_command(req, "my model/config.json", "out.plan"))
     assert words[:3] == ["dctms", "compile", "my model/config.json"]
@@ -74,6 +74,7 @@ def test_compile_command_parses_back_to_the_same_options(tmp_path: Path) -> None
         "float16", str(2**30), "cpu", 128,
     )  # fmt: skip
     assert (args.profile, args.sync_every, args.hash_weights) == ("cpu-x86-2core", 2, True)
+    assert args.pack_seconds == 0.5
     plain = CompileRequest(config=TINY_QWEN2, input_tokens=16, output_tokens=8)
     assert compile_command(plain, "c.json", "p.plan") == "dctms compile c.json -N 16 -M 8 -o p.plan"
 
