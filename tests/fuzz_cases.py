@@ -36,6 +36,7 @@ ALLOWED = {
     "roofline": {0, 2},
     "pool": {0, 1, 2},
     "convert-gguf": {0, 2},
+    "pack": {0, 2},
 }
 
 INTS = [0, -1, 1, 2, 3, 7, 2**31 - 1, 2**31, 2**32, 2**53, 2**53 + 1, 2**63, 10**12, -(2**31), 10**400]
@@ -215,7 +216,8 @@ def _path_option(
 
 def _options(i, rng, fixtures, small, tiny, config) -> Case:
     command = rng.choice(["compile", "compile", "fit", "run", "run", "dot", "trace", "diff",
-                          "bench", "show", "validate", "roofline", "pool", "convert-gguf"])  # fmt: skip
+                          "bench", "show", "validate", "roofline", "pool", "convert-gguf",
+                          "pack"])  # fmt: skip
     files = {"p.plan": _b64(fixtures["tiny.plan"])}
     outputs: list[str] = []
     num = lambda: rng.choice(NUMBERS)  # noqa: E731
@@ -286,6 +288,16 @@ def _options(i, rng, fixtures, small, tiny, config) -> Case:
         out, outputs, made = _path_option(rng, "out", "{d}/m.gguf")
         files.update(made)
         argv = ["convert-gguf", "{d}/m.gguf", out, "-q"]
+    elif command == "pack":
+        rows = ["id,start,end,size", "a,0,3,64", "b,2,5,32", "c,4,6,128"]
+        k = rng.randrange(1, len(rows))
+        rows[k] = rng.choice(["x,1", "a,0,3,64", "d,5,2,8", "e,0,1,-4", "f,0,1," + "9" * 400,
+                              "g,0,1,1e9", "", ",,,", "h,0,1,64,3", "i,0,1,64,0"])  # fmt: skip
+        files["p.csv"] = _b64("\n".join(rows).encode())
+        out, outputs, made = _path_option(rng, "o.csv", "{d}/p.csv")
+        files.update(made)
+        argv = ["pack", "{d}/p.csv", "--seconds", rng.choice(["0", "0.01", "-1", "nan", "1e9"]),
+                "--alignment", rng.choice(["1", "0", "64", "3", "9" * 30]), "-o", out]  # fmt: skip
     elif command == "show":
         argv = ["show", rng.choice(["{d}/p.plan", "{d}", "{d}/none", "", "/proc/self/mem",
                                     "/dev/null"])]  # fmt: skip
