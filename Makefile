@@ -56,6 +56,7 @@ plans: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/planner.py
 	$(BIN)/python bench/runner_vs_mlx_lm.py
+	$(BIN)/python bench/tui_startup.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info
