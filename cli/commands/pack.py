@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import stat
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from dctms.schema.errors import DctmsError
+from dctms.schema.output import Output, reserve_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,15 +47,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dctms.toolkit.pack_csv import offsets_csv, parse_csv
-    from dctms.toolkit.pack_solve import solve
-
     if not 0 <= args.seconds <= 3600:
         raise DctmsError(f"--seconds must be between 0 and 3600, got {args.seconds}")
     if not 1 <= args.alignment <= 2**30:
         raise DctmsError(f"--alignment must be between 1 and 2^30, got {args.alignment}")
     source = Path(args.file)
-    out = _checked_output(args.output, source)
+    if args.output is None or args.output == "-":
+        return _pack(args, source, None)
+    # Checked (and the file reserved) before any work: never a device, a folder or the input.
+    with reserve_output(args.output, inputs=[source], label=f"-o {args.output}") as out:
+        return _pack(args, source, out)
+
+
+def _pack(args: argparse.Namespace, source: Path, out: Output | None) -> int:
+    from dctms.toolkit.pack_csv import offsets_csv, parse_csv
+    from dctms.toolkit.pack_solve import solve
+
     ids, problem = parse_csv(_read_text(source), args.file, args.alignment)
     t0, c0 = time.perf_counter(), time.process_time()
     result = solve(problem, args.seconds)
@@ -74,10 +79,14 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(seconds, 3),
         "cpu_seconds": round(cpu, 3),
     }
+    offsets = offsets_csv(ids, result.offsets).encode()
     if out is not None:
-        _write_atomically(out, offsets_csv(ids, result.offsets).encode())
+        out.write(offsets)
+    elif args.output == "-":
+        sys.stdout.buffer.write(offsets)
+        sys.stdout.flush()
     text = json.dumps(summary) if args.json else _describe(summary)
-    print(text, file=sys.stderr if out == "-" else sys.stdout)
+    print(text, file=sys.stderr if args.output == "-" else sys.stdout)
     return 0
 
 
@@ -113,52 +122,3 @@ def _read_text(path: Path) -> str:
         raise DctmsError(f"{path}: cannot read: {err.strerror or err}") from None
 
 
-def _checked_output(output: str | None, source: Path) -> str | Path | None:
-    """The output path, refused before any work when it is the input or not a regular file."""
-    if output is None or output == "-":
-        return output
-    target = Path(output)
-    try:
-        info = target.stat()
-    except FileNotFoundError:
-        if not target.parent.is_dir():
-            raise DctmsError(f"{output}: no such directory {str(target.parent)!r}") from None
-        return target
-    except OSError as err:
-        raise DctmsError(f"{output}: cannot write: {err.strerror or err}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise DctmsError(f"{output}: not a regular file; refusing to write offsets there")
-    if source.exists() and os.path.samefile(source, target):
-        raise DctmsError(f"{output}: is the input file; write the offsets elsewhere")
-    return target
-
-
-def _write_atomically(target: str | Path, data: bytes) -> None:
-    """Readers see the old file or the whole new one, never half of it."""
-    if target == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-        return
-    target = Path(target)
-    try:
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as err:
-        raise DctmsError(f"{target}: cannot write: {err.strerror or err}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), 0o666 & ~_umask())
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException as err:
-        Path(temp).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise DctmsError(f"{target}: cannot write: {err.strerror or err}") from None
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
