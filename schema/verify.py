@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from dctms.schema import rules_graph, rules_memory, rules_totals
+from dctms.schema import rules_graph, rules_lengths, rules_memory, rules_totals
 from dctms.schema.errors import Problem
 from dctms.schema.phase_index import PlanIndex, build_plan_index
 from dctms.schema.types import Plan
@@ -64,6 +64,7 @@ RULES: dict[str, Rule] = {
     "bindings": rules_totals.bindings,
     "envelope_sum": rules_totals.envelope_sum,
     "stats": rules_totals.stats,
+    "lengths": rules_lengths.lengths,
 }
 
 
