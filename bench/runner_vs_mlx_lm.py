@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_lm.utils import load_model
 
     from dctms.runner.load import load_checked_plan, open_model_folder
+    from dctms.runner.request import validate_request
     from dctms.runner.session import Session
 
     folder, plan_path, config = prepare(args)
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     prompt = [(i * 7919 + 13) % args.vocab for i in range(args.prompt_tokens)]
     k = args.tokens
+    request = validate_request(session.plan, prompt, k)
 
     def greedy(x: mx.array) -> mx.array:
         return mx.argmax(x, axis=-1)
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         session.apply_limits(foreign)
         mx.reset_peak_memory()
         before = mx.get_active_memory()
-        gen = session.generate(prompt, k)
+        gen = session.generate(request)
         return {
             "tokens": gen.tokens,
             "ttft_s": gen.ttft_s,

@@ -106,8 +106,11 @@ class Baseline:
 class Runner:
     name = RUNNER
 
-    def __init__(self, session):
+    def __init__(self, session, requests=()):
+        """``requests``: the calls' ``validate_request`` results, made before anything was loaded;
+        a call not among them is validated when it is made."""
         self.session = session
+        self._requests = {(r.prompt, r.max_tokens, r.stop): r for r in requests}
 
     def prepare(self) -> None:
         # The Session's own limits (the throttling memory limit, the buffer cache as the plan
@@ -117,7 +120,13 @@ class Runner:
         self.session.apply_limits(foreign)
 
     def generate(self, ids: list[int], max_tokens: int, stop: set[int]) -> Output:
-        g = self.session.generate(ids, max_tokens, stop)
+        from dctms.runner.request import validate_request
+
+        key = (tuple(ids), max_tokens, frozenset(stop))
+        request = self._requests.get(key)
+        if request is None:
+            request = validate_request(self.session.plan, ids, max_tokens, stop)
+        g = self.session.generate(request)
         return Output(g.tokens, g.ttft_s, list(g.token_latencies_s))
 
 

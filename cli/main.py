@@ -21,11 +21,14 @@ COMMANDS = [
     "dot",
     "trace",
     "fit",
+    "pool",
+    "serve",
+    "roofline",
 ]
 
 # The commands that compute with MLX: started with an optimised BLAS when MLX carries the
 # reference one (dctms.runner.blas; DCTMS_BLAS=off keeps MLX's own).
-FAST_BLAS_COMMANDS = {"run", "bench", "demo", "compile", "fit"}
+FAST_BLAS_COMMANDS = {"run", "bench", "demo", "compile", "fit", "serve", "roofline"}
 
 
 def build_parser() -> argparse.ArgumentParser:

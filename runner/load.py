@@ -16,6 +16,7 @@ from dctms.schema.fingerprint import (
     weights_from_headers,
 )
 from dctms.schema.io import read_plan
+from dctms.schema.rules_runner import RUNNER_INPUTS
 from dctms.schema.types import Plan
 
 
@@ -38,7 +39,8 @@ def _minor(version: str) -> str:
 
 
 def check_runtime(plan: Plan) -> None:
-    """The plan's primitive encoding and backend must be this process's."""
+    """The plan's primitive encoding, backend and phases must be this runner's. Pure: it reads MLX's
+    version and devices and changes nothing (``configure_mlx`` does, when a Session opens)."""
     if _minor(plan.generator.mlx) != _minor(mx.__version__):
         raise DctmsError(
             f"plan was compiled with mlx {plan.generator.mlx}, this runner has mlx {mx.__version__}: "
@@ -46,8 +48,13 @@ def check_runtime(plan: Plan) -> None:
         )
     if plan.target.backend == "gpu" and not mx.is_available(mx.gpu):
         raise DctmsError("plan targets the gpu backend but this machine's MLX has no GPU")
-    # The plan's primitives are those of its backend (a CPU trace decomposes the fast kernels).
-    mx.set_default_device(mx.gpu if plan.target.backend == "gpu" else mx.cpu)
+    names = [p.name for p in plan.phases]
+    for name in RUNNER_INPUTS:
+        if name not in names:
+            raise DctmsError(
+                f"plan has no phase named {name!r} (it has {', '.join(names) or 'none'}); "
+                "the runner executes prefill and decode"
+            )
     for phase in plan.phases:
         for op in phase.ops:
             if op.primitive not in SUPPORTED:
@@ -55,6 +62,12 @@ def check_runtime(plan: Plan) -> None:
                     f"plan uses primitive {op.primitive} (phase {phase.name}, op {op.index}), "
                     f"which this runner cannot execute (mlx {mx.__version__})"
                 )
+
+
+def configure_mlx(plan: Plan) -> None:
+    """Select the plan's device: its primitives are those of its backend (a CPU trace decomposes
+    the fast kernels). The memory limits follow in ``Session.apply_limits``."""
+    mx.set_default_device(mx.gpu if plan.target.backend == "gpu" else mx.cpu)
 
 
 def open_model_folder(path: str | Path) -> ModelFolder:

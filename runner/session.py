@@ -1,9 +1,11 @@
 """A run of a plan: refuse mismatches, allocate everything once, generate greedily, measure.
 
-Order of events (each step only after the previous succeeded):
-1. the plan (schema, verifier, MLX version, backend) and the request (prompt <= N, tokens <= M);
+Order of events (each step only after the previous succeeded), each check made once:
+1. the plan (``load.load_checked_plan``: schema, verifier, MLX version, backend, phases) and the
+   request (``request.validate_request``: prompt <= N, tokens <= M, ids < vocab_size), pure;
 2. the weights folder's fingerprint against the plan (headers only: nothing is read yet);
-3. weights loaded, the static state (KV cache at plan capacity) allocated once, constants made;
+3. MLX configured for the plan (device, limits), weights loaded, the static state (KV cache at plan
+   capacity) allocated once and checked to hold every index a valid request feeds, constants made;
 4. prefill in ``prefill_chunk`` pieces (last one padded, masked by position), then decode steps.
 MLX's peak memory is reset before step 3, so the observed peak covers the whole run.
 """
@@ -12,47 +14,61 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from dctms.runner.execute import PhaseProgram
-from dctms.runner.load import ModelFolder, check_fingerprint, check_runtime, load_weights
+from dctms.runner.load import ModelFolder, check_fingerprint, configure_mlx, load_weights
 from dctms.runner.primitives import dtype_from_name
+from dctms.runner.request import Request
+from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
 from dctms.schema.types import Plan, Scratch
 
 
-def check_request(plan: Plan, prompt_tokens: int, max_tokens: int) -> None:
+def check_allocation(
+    plan: Plan, weights: dict[str, mx.array], state: dict[str, mx.array]
+) -> None:
+    """The arrays this session allocated hold every index a valid request makes the runner feed:
+    token ids below ``model.vocab_size`` into the embedding rows, and write positions into the KV
+    state up to the padded prompt and N + M - 1. Checked against the arrays themselves, not the
+    plan's claims about them (MLX does not bounds-check either access)."""
     b = plan.bounds
-    if prompt_tokens < 1:
-        raise DctmsError("empty prompt: at least one token is needed")
-    if prompt_tokens > b.input_tokens:
-        raise DctmsError(
-            f"prompt has {prompt_tokens} tokens, the plan allows N = {b.input_tokens}; "
-            "recompile with a larger -N"
-        )
-    if max_tokens < 1:
-        raise DctmsError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if max_tokens > b.output_tokens:
-        raise DctmsError(
-            f"--max-tokens {max_tokens} exceeds the plan's M = {b.output_tokens}; "
-            "recompile with a larger -M"
-        )
-    if b.batch != 1:
-        raise DctmsError(f"this runner executes batch-1 plans; the plan has batch {b.batch}")
-
-
-def check_token_ids(plan: Plan, prompt: list[int]) -> None:
-    """Every id must index the embedding: MLX's gather does not bounds-check (out of range is a
-    segmentation fault or garbage, not an error)."""
     vocab = plan.model.vocab_size
-    for i, t in enumerate(prompt):
-        if t < 0 or (vocab and t >= vocab):
+    padded = -(-b.input_tokens // b.prefill_chunk) * b.prefill_chunk
+    # The last start position each phase is called with (request.py bounds N and M).
+    last_start = {
+        "prefill": padded - b.prefill_chunk,
+        "decode": max(0, b.input_tokens + b.output_tokens - 2),
+    }
+    for phase in plan.phases:
+        if phase.name not in last_start:
+            continue
+        for g in token_gathers(phase):
+            shape = weights[g.weight].shape if g.weight in weights else ()
+            rows = shape[g.axis] if 0 <= g.axis < len(shape) else 0
+            if rows < vocab:
+                raise DctmsError(
+                    f"weight {g.weight} has {rows} rows along axis {g.axis}, fewer than the "
+                    f"plan's vocab_size {vocab}: token ids could index past it"
+                )
+        writes, stray = state_writes(phase)
+        if stray:
             raise DctmsError(
-                f"prompt token {i} is {t}, outside the model's vocabulary [0, {vocab}) "
-                "(wrong tokenizer or token ids?)"
+                f"{phase.name} op {phase.ops[stray[0].op_position].index} writes state "
+                f"{stray[0].state} at an index the runner does not bound"
             )
+        for w in writes:
+            shape = state[w.state].shape if w.state in state else ()
+            size = shape[w.axis] if w.axis < len(shape) else 0
+            end = last_start[phase.name] + w.extent
+            if end > size:
+                raise DctmsError(
+                    f"{phase.name} writes {w.state} up to position {end}, but the array "
+                    f"allocated for it holds {size} along axis {w.axis}"
+                )
 
 
 def throttle_limit(plan: Plan) -> int:
@@ -93,9 +109,12 @@ class Session:
     """Weights, static state and the two phase programs, allocated once for many generations."""
 
     def __init__(self, plan: Plan, model: ModelFolder, verify_hashes: bool = False):
-        check_runtime(plan)
+        """``plan`` as ``load_checked_plan`` returns it (verified, runtime-checked: not again here).
+        Refuses weights that differ from the plan before reading them, and arrays that could not
+        hold the indices the runner feeds before generating anything."""
         check_fingerprint(plan, model, verify_hashes)
         self.plan = plan
+        configure_mlx(plan)
         self.apply_limits()
         mx.reset_peak_memory()
         self.weights = load_weights(model)
@@ -105,6 +124,7 @@ class Session:
             if s.kind == "kv"
         }
         mx.eval(list(self.state.values()))
+        check_allocation(plan, self.weights, self.state)
         phases = {p.name: p for p in plan.phases}
         self.prefill = PhaseProgram(phases["prefill"])
         self.decode = PhaseProgram(phases["decode"])
@@ -135,15 +155,20 @@ class Session:
             mx.set_wired_limit(min(env.provable, cap))
 
     def generate(
-        self, prompt: list[int], max_tokens: int, stop: set[int] | None = None
+        self, request: Request, on_token: Callable[[int], bool] | None = None
     ) -> Generation:
-        check_request(self.plan, len(prompt), max_tokens)
-        check_token_ids(self.plan, prompt)
-        stop = stop or set()
+        """Greedy tokens for a request ``validate_request`` made for this session's plan.
+        ``on_token`` sees each token as it is read (a server streams them); when it returns False
+        the generation ends there, as at a stop token."""
+        if request.plan is not self.plan:
+            raise ValueError("the request was validated for another plan")
+        prompt, max_tokens, stop = list(request.prompt), request.max_tokens, request.stop
         start = time.perf_counter()
         token_array = self._prefill(prompt)
         token = int(token_array.item())
         gen = Generation([token], time.perf_counter() - start)
+        if on_token is not None and on_token(token) is False:
+            return gen
         position = len(prompt)
         # Pipelined like mlx-lm's generate_step: step t+1 is built while step t computes, fed
         # with step t's next_token array; the host reads each token as it becomes available.
@@ -160,7 +185,8 @@ class Session:
             gen.token_latencies_s.append(now - t0)
             t0 = now
             gen.tokens.append(token)
-            if token in stop and following is not None:
+            wanted = on_token is None or on_token(token) is not False
+            if (token in stop or not wanted) and following is not None:
                 mx.eval(following)  # let the step already launched finish; its token is dropped
                 following = None
             inflight = following

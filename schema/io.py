@@ -24,8 +24,8 @@ from typing import Any
 
 import msgspec
 
+from dctms.schema.digest import body_sha256, duplicate_key, stamp
 from dctms.schema.errors import DctmsError, PlanError, Problem
-from dctms.schema.layout import layout
 from dctms.schema.paths import json_path
 from dctms.schema.schema_check import schema_problems
 from dctms.schema.types import Plan
@@ -40,7 +40,17 @@ MAX_PLAN_FILE_BYTES = 256 * 2**20
 
 
 def encode_plan(plan: Plan) -> bytes:
-    """The canonical bytes of ``plan``: the same plan always gives the same bytes."""
+    """The canonical bytes of ``plan``, stamped with its digest (``schema.digest``; whatever
+    ``plan.digest`` held is replaced): the same plan always gives the same bytes."""
+    document = _document(plan)
+    bad = _non_finite_path(document, [])
+    if bad is not None:
+        raise PlanError("<encode>", [Problem(bad, "non-finite float cannot be written", "finite")])
+    return stamp(document)
+
+
+def _document(plan: Plan) -> dict[str, Any]:
+    """``plan`` as JSON values, keys in struct field order, non-finite floats spelled out."""
     # "deterministic" sorts plain dict keys (files_sha256, dicts in args) but keeps struct field order.
     document = msgspec.to_builtins(plan, order="deterministic")
     for phase in document["phases"]:
@@ -49,10 +59,7 @@ def encode_plan(plan: Plan) -> bytes:
                 op["args"] = to_json_value(op["args"])
         for constant in phase["constants"]:
             constant["value"] = to_json_value(constant["value"])
-    bad = _non_finite_path(document, [])
-    if bad is not None:
-        raise PlanError("<encode>", [Problem(bad, "non-finite float cannot be written", "finite")])
-    return (layout(document) + "\n").encode("utf-8")
+    return document
 
 
 def _non_finite_path(value: Any, parts: list[str | int]) -> str | None:
@@ -181,7 +188,40 @@ def _decode(data: bytes) -> tuple[Plan | None, list[Problem]]:
     if version is not None:
         return None, [version]
     plan = _restore_non_finite(plan)
-    return plan, verify_plan(plan)
+    problems = verify_plan(plan)
+    if not problems:  # an invalid plan is refused anyway: these would add nothing
+        problems = _integrity_problems(plan, bytes(data))
+    return plan, problems
+
+
+def _integrity_problems(plan: Plan, data: bytes) -> list[Problem]:
+    """The digest (``schema.digest``) and, in a file not in canonical form, duplicate keys (JSON
+    readers keep the last of two equal keys: an edit could hide behind the first)."""
+    document = _document(plan)
+    actual = body_sha256(document)
+    if data.strip() != stamp(document).strip():
+        duplicate = duplicate_key(data)
+        if duplicate is not None:
+            return [Problem("$", duplicate, "json")]
+    if not plan.digest:
+        return [
+            Problem(
+                "$.digest",
+                "the plan has no digest (it was not written by dctms): recompile it",
+                "digest",
+            )
+        ]
+    if plan.digest != actual:
+        return [
+            Problem(
+                "$.digest",
+                f"the plan was changed after it was written (digest {plan.digest[:12]}, "
+                f"content {actual[:12]}): recompile it (dctms check re-checks a plan against "
+                "its model)",
+                "digest",
+            )
+        ]
+    return []
 
 
 def _explain(data: bytes, typed_error: Exception) -> list[Problem]:

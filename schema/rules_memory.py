@@ -372,3 +372,39 @@ def arena_bounds(ix: PlanIndex) -> Iterator[Finding]:
                 f"{px.path}.slack_bytes",
                 f"{phase.slack_bytes}, but cache reuse can add up to {slack} bytes to the live tenants",
             )
+
+
+def arena_claim(ix: PlanIndex) -> Iterator[Finding]:
+    """What a phase claims about its arena's optimality agrees with its bytes.
+
+    "lower_bound" needs arena == lower bound; a proven arena has no gap; an unproven one has a gap
+    of at least 1 byte and at most arena - lower bound (its proven bound on the optimum is never
+    below the live-bytes bound), so an arena that reaches the lower bound must claim it. A
+    "search" proof above the lower bound cannot be re-checked here (deciding it is NP-hard: it
+    takes the exhaustive search again); `dctms pack` on the phase's tenants repeats it.
+    """
+    for px in ix.phases:
+        phase = px.phase
+        arena, lower, gap = phase.arena_bytes, phase.lower_bound_bytes, phase.arena_gap_bytes
+        if phase.arena_optimal == "lower_bound" and arena != lower:
+            yield (
+                f"{px.path}.arena_optimal",
+                f'claims "lower_bound" but arena_bytes {arena} != lower_bound_bytes {lower}',
+            )
+        if phase.arena_optimal is not None and gap:
+            yield (
+                f"{px.path}.arena_gap_bytes",
+                f"{gap}, but an arena proven optimal ({phase.arena_optimal!r}) has no gap",
+            )
+        if phase.arena_optimal is None:
+            if arena == lower:
+                yield (
+                    f"{px.path}.arena_optimal",
+                    f'arena_bytes equals lower_bound_bytes ({lower}): the claim must be "lower_bound"',
+                )
+            elif not 0 < gap <= arena - lower:
+                yield (
+                    f"{px.path}.arena_gap_bytes",
+                    f"{gap}, but an unproven arena's gap is between 1 and arena - lower bound "
+                    f"({arena - lower})",
+                )

@@ -290,6 +290,11 @@ class Phase(_Base):
     sync_points: list[SyncPoint]
     arena_bytes: ByteCount
     lower_bound_bytes: ByteCount
+    # What proves arena_bytes minimal: "lower_bound" (it equals lower_bound_bytes), "search" (an
+    # exhaustive search found no packing in fewer bytes), or absent when nothing does; then
+    # arena_gap_bytes says how far above a proven lower bound on the optimum the arena may be.
+    arena_optimal: Literal["lower_bound", "search"] | None = None
+    arena_gap_bytes: ByteCount = 0
     # Most bytes the allocator's cache reuse can add at once: max over slots of the sum over live
     # arena tenants of min(bytes, target.allocator_slack). M_intermediate covers arena + slack.
     slack_bytes: ByteCount = 0
@@ -336,3 +341,6 @@ class Plan(_Base):
     phases: list[Phase]
     envelope: Envelope
     stats: Stats
+    # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
+    # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.
+    digest: Sha256 | Literal[""] = ""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from dctms.schema import rules_graph, rules_lengths, rules_memory, rules_totals
+from dctms.schema import rules_graph, rules_lengths, rules_memory, rules_runner, rules_totals
 from dctms.schema.errors import Problem
 from dctms.schema.phase_index import PlanIndex, build_plan_index
 from dctms.schema.types import Plan
@@ -58,12 +58,16 @@ RULES: dict[str, Rule] = {
     "buffer_holds_tenants": rules_memory.buffer_holds_tenants,
     "buffer_sized": rules_memory.buffer_sized,
     "arena_bounds": rules_memory.arena_bounds,
+    "arena_claim": rules_memory.arena_claim,
     "bounds": rules_totals.bounds,
     "state_kind": rules_totals.state_kind,
     "weights_fingerprint": rules_totals.weights_fingerprint,
     "bindings": rules_totals.bindings,
     "envelope_sum": rules_totals.envelope_sum,
     "stats": rules_totals.stats,
+    "runner_names": rules_runner.runner_names,
+    "vocabulary": rules_runner.vocabulary,
+    "state_capacity": rules_runner.state_capacity,
     "lengths": rules_lengths.lengths,
 }
 

@@ -129,6 +129,7 @@ def make_tiny_plan() -> Plan:
         sync_points=[SyncPoint(4, "sample next token", evaluate=["k_out", "out"])],
         arena_bytes=128,
         lower_bound_bytes=128,
+        arena_optimal="lower_bound",
     )
     return Plan(
         schema_version=SCHEMA_VERSION,

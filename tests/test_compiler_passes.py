@@ -92,7 +92,9 @@ def test_packing_is_valid_and_near_the_bound(seed: int) -> None:
     intervals, sizes = _random_intervals(seed, 400, 100)
     aligned = [assign.align_up(s, 64) for s in sizes]
     lower = assign.lower_bound(intervals, aligned, 100)
-    offsets, arena = assign.pack(intervals, sizes, 64, floor=lower)
+    packing = assign.pack(intervals, sizes, 64)
+    offsets, arena = packing.offsets, packing.arena
+    assert packing.lower_bound == lower
     assert all(o % 64 == 0 for o in offsets)
     for i in range(len(intervals)):
         assert offsets[i] + aligned[i] <= arena
@@ -275,7 +277,7 @@ def test_reshape_prediction_matches_mlx(shape, perm, target) -> None:
 
 
 def test_compile_cli_lists_every_target_profile() -> None:
-    from dctms.cli.commands.compile import PROFILE_NAMES
+    from dctms.cli.compile_options import PROFILE_NAMES
     from dctms.toolkit.profiles import PROFILES
 
     assert sorted(PROFILE_NAMES) == sorted(PROFILES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -64,7 +65,7 @@ def test_search_stops_at_the_cap():
     measure, calls = counted(lambda v: v)
     result = largest_fitting(measure, 10**9, cap=100)
     assert result.best == 100 and result.capped
-    assert calls == [1, 2, 4, 8, 16, 32, 64, 100]
+    assert calls == [1, 2, 100]  # the line through 1 and 2 reaches the budget past the cap
     assert largest_fitting(lambda v: v, 10**9, cap=1).best == 1
     assert largest_fitting(lambda v: v, 10**9, cap=0).best is None
 
@@ -73,6 +74,57 @@ def test_search_with_flat_steps():
     # M_max that stays flat over ranges (e.g. padded chunks): still the largest value that fits.
     result = largest_fitting(lambda v: 100 * (v // 7), 100 * 5, cap=2**20)
     assert result.best == 41  # 41 // 7 = 5, 42 // 7 = 6
+
+
+def test_linear_m_max_takes_a_handful_of_calls():
+    # M_max is close to linear in N: the interpolation finds the crossing in a few compiles,
+    # where doubling + bisection would take ~2 log2(answer) = 34 here.
+    measure, calls = counted(lambda v: 4_000_000 + 131_072 * v + (v // 64) * 999)
+    budget = 16 * 2**30
+    result = largest_fitting(measure, budget, cap=2**20)
+    expected = max(
+        v for v in range(1, 2**20) if 4_000_000 + 131_072 * v + (v // 64) * 999 <= budget
+    )
+    assert result.best == expected
+    assert len(calls) <= 8, calls
+
+
+@pytest.mark.parametrize("hint", [2, 500, 1_000, 1_234, 1_300, 5_000, 2**20])
+def test_hint_near_the_answer_saves_calls(hint):
+    f = lambda v: 10 * v  # noqa: E731
+    measure, calls = counted(f)
+    result = largest_fitting(measure, 12_345, cap=2**20, hint=hint)
+    assert result.best == 1_234
+    assert result.probe(1_234).fits and not result.probe(1_235).fits
+    assert len(calls) == len(set(calls)) and len(calls) <= 8, calls
+
+
+def test_search_is_exact_on_monotone_functions_of_any_shape():
+    # Convex, concave, staircase and flat-then-jump M_max: always the true boundary, within
+    # ~4 log2(cap) calls, never a value twice.
+    import random
+
+    rng = random.Random(7)
+    cap = 5_000
+    for trial in range(60):
+        steps = sorted(rng.choices(range(0, 50_000), k=rng.randint(1, 30)))
+        shape = trial % 4
+        curve = [
+            (v * v // 50, int(3_000 * math.sqrt(v)), sum(s <= v * 10 for s in steps) * 97, v)[shape]
+            for v in range(cap + 2)
+        ]
+        for k in range(1, cap + 2):  # make it monotone
+            curve[k] = max(curve[k], curve[k - 1])
+        budget = rng.randint(curve[1], curve[cap] + 10)
+        measure, calls = counted(lambda v, c=curve: c[v])
+        hint = rng.choice([None, rng.randint(1, cap)])
+        result = largest_fitting(measure, budget, cap, hint=hint)
+        truth = max(v for v in range(1, cap + 1) if curve[v] <= budget)
+        assert result.best == truth, (trial, hint)
+        assert len(calls) == len(set(calls))
+        assert len(calls) <= 4 * math.ceil(math.log2(cap)) + 4, (trial, len(calls))
+        if truth < cap:
+            assert not result.probe(truth + 1).fits
 
 
 def test_max_positions():
@@ -120,7 +172,7 @@ def test_fit_m_text_and_max_position_cap(tmp_path, capsys):
         lines[1] == "  stopped at max_position_embeddings 64 (N + M); the budget would allow more"
     )
     assert "total = M_max" in captured.out and "free = M_free" in captured.out
-    assert "7 compiles" in captured.out  # 1, 2, 4, 8, 16, 32, 48
+    assert "3 compiles" in captured.out  # 1, 2, then the line through them passes the cap: 48
 
 
 def test_even_one_token_does_not_fit(tiny, capsys):
@@ -149,3 +201,102 @@ def test_bad_input_exit_2(tiny, capsys, argv, message):
 def test_missing_model_exit_2(tmp_path, capsys):
     assert cli.main(["fit", str(tmp_path / "none"), "--memory", "1GiB", "-M", "16"]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- --search chunk
+
+
+def m_max_at(folder: Path, n: int, m: int, chunk: int) -> int:
+    return compile_plan(
+        load_source(folder), CompileOptions(n, m, prefill_chunk=chunk)
+    ).envelope.total
+
+
+def test_search_chunk_table_and_certificates(tiny, tmp_path, capsys):
+    # A budget from a real compile at chunk 64, N = 900: smaller chunks fit more tokens.
+    budget = m_max_at(tiny, 900, M, 64)
+    out_plan = tmp_path / "best.plan"
+    argv = ["fit", str(tiny), "--memory", str(budget), "-M", str(M), "--search", "chunk"]
+    code = cli.main([*argv, "--chunks", "256,16,64", "--json", "-o", str(out_plan)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    doc = json.loads(captured.out)
+    rows = doc["chunks"]
+    assert [r["prefill_chunk"] for r in rows] == [16, 64, 256]  # sorted
+    for r in rows:  # every row's certificate, by independent compiles
+        n, chunk = r["value"], r["prefill_chunk"]
+        assert m_max_at(tiny, n, M, chunk) == r["m_max"] <= budget
+        assert m_max_at(tiny, n + 1, M, chunk) == r["next_value_total"] > budget
+        assert r["ttft_s"] > 0 and r["decode_tokens_per_s"] > 0
+    values = [r["value"] for r in rows]
+    assert values[0] >= values[1] >= 900 > values[2]  # the trade the table shows
+    best = doc["best"]
+    assert best["value"] == max(values) and best["prefill_chunk"] in (16, 64)
+    assert best["compiles"] == sum(r["compiles"] for r in rows)
+    assert "searching 3 prefill chunks" in captured.err
+    assert captured.err.count("\n") == 1 + best["compiles"]  # one line per compile
+    plan = read_plan(out_plan)
+    assert plan.bounds.prefill_chunk == best["prefill_chunk"]
+    assert plan.bounds.input_tokens == best["value"]
+    # TTFT at the common prompt: more, smaller calls cost at least as much weight traffic
+    assert doc["prompt_tokens"] == min(values)
+
+
+@pytest.mark.slow
+def test_search_chunk_text(tiny, capsys):
+    budget = m_max_at(tiny, 600, M, 64)
+    argv = ["fit", str(tiny), "--memory", str(budget), "-M", str(M), "--search", "chunk", "-q"]
+    assert cli.main([*argv, "--chunks", "32,128", "--prompt-tokens", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill chunk -> largest N; predicted on cpu-x86-2core" in out
+    assert "TTFT @ 100" in out and "<- most tokens" in out
+    assert "the fit at chunk " in out and "total = M_max" in out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--search", "chunk", "--prefill-chunk", "64"], "--prefill-chunk fixes the chunk"),
+        (["--search", "chunk", "--chunks", "64,x"], "--chunks: not a comma-separated list"),
+        (["--search", "chunk", "--chunks", "0,64"], "every chunk must be at least 1"),
+        (["--chunks", "64"], "--chunks and --prompt-tokens need --search chunk"),
+        (["--search", "chunk", "--max-compiles", "3"], "stopped after --max-compiles 3"),
+        (["--search", "chunk", "--prompt-tokens", "0"], "--prompt-tokens must be at least 1"),
+    ],
+)
+def test_search_chunk_bad_input_exit_2(tiny, capsys, extra, message):
+    code = cli.main(["fit", str(tiny), "--memory", "1GiB", "-M", str(M), "-q", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+# ------------------------------------------------------------- one option set for compile and fit
+
+
+def _options(command: str) -> dict[str, argparse.Action]:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {s: a for a in sub.choices[command]._actions for s in a.option_strings}
+
+
+def test_fit_takes_every_compile_option():
+    compile_opts, fit_opts = _options("compile"), _options("fit")
+    own = {"-o", "--output", "--progress", "-q", "--quiet", "-h", "--help"}
+    bounds = {"-N", "--input-tokens", "-M", "--output-tokens"}
+    missing = set(compile_opts) - set(fit_opts) - own
+    assert not missing, f"fit lacks compile options {sorted(missing)}"
+    for name in set(compile_opts) - own - bounds:
+        a, b = compile_opts[name], fit_opts[name]
+        assert (a.dest, a.type, a.choices, a.default) == (b.dest, b.type, b.choices, b.default)
+    assert fit_opts["--memory"].required and not compile_opts["--memory"].required
+
+
+def test_fit_passes_the_options_to_the_compiler(tiny, tmp_path, capsys):
+    out_plan = tmp_path / "opts.plan"
+    argv = ["fit", str(tiny), "--memory", "1GiB", "-N", "8", "-q", "-o", str(out_plan)]
+    extra = ["--alignment", "256", "--profile", "apple-m1-pro", "--sync-every", "2", "--batch", "2"]
+    assert cli.main([*argv, *extra, "--dtype", "float16"]) == 0
+    plan = read_plan(out_plan)
+    assert plan.target.alignment == 256 and plan.target.profile.name == "apple-m1-pro"
+    assert plan.bounds.batch == 2 and plan.bounds.dtype == "float16"
+    assert len(plan.phases[1].sync_points) > 1  # synced every 2 layers, not at the end only

@@ -18,6 +18,7 @@ from conftest import TINY_QWEN2
 
 from dctms.runner.execute import PhaseProgram
 from dctms.runner.load import load_checked_plan, open_model_folder
+from dctms.runner.request import validate_request
 from dctms.runner.session import Session
 from dctms.schema.errors import DctmsError
 from dctms.schema.verify import verify_plan
@@ -161,7 +162,7 @@ def session(model):
 
 
 def test_calls_run_at_the_smallest_verified_point(session) -> None:
-    session.generate(prompt(5), 3)
+    session.generate(validate_request(session.plan, prompt(5), 3))
     used = set(session.prefill._variants) | set(session.decode._variants)
     assert (16, 16) in used  # a 5-token prompt: one 16-token chunk over a 16-position window
     assert (32,) in used  # decode at positions 5..7: the 32-position window
@@ -178,13 +179,13 @@ def test_real_length_ids_equal_the_bound_and_mlx_lm(session, model, n) -> None:
     from mlx_lm.utils import load_model
 
     ids = prompt(n)
-    real = session.generate(ids, M).tokens
+    real = session.generate(validate_request(session.plan, ids, M)).tokens
     # The same plan at its bound only: every chunk padded to 16 tokens, every window the largest.
     bound = Session.__new__(Session)
     bound.__dict__.update(session.__dict__)
     bound.prefill = PhaseProgram(replace_lengths(session.prefill.lengths.phase, session))
     bound.decode = PhaseProgram(replace_lengths("decode", session))
-    assert bound.generate(ids, M).tokens == real
+    assert bound.generate(validate_request(bound.plan, ids, M)).tokens == real
     baseline, _ = load_model(model[1])
     steps = generate_step(mx.array(ids, dtype=mx.int32), baseline, max_tokens=M)
     assert [int(t) for t, _ in steps] == real
@@ -206,15 +207,15 @@ def test_every_call_stays_within_the_envelope(session) -> None:
         mx.synchronize()
         before = mx.get_active_memory()
         mx.reset_peak_memory()
-        session.generate(prompt(n), M)
+        session.generate(validate_request(session.plan, prompt(n), M))
         mx.synchronize()
         assert mx.get_peak_memory() - before <= allowed, n
 
 
 def test_replayed_graphs_give_the_same_ids(session) -> None:
     ids = prompt(23)
-    first = session.generate(ids, M).tokens  # recorded by now: the variants ran before
+    first = session.generate(validate_request(session.plan, ids, M)).tokens  # recorded by now: the variants ran before
     assert all(v.runs >= 1 for v in session.decode._variants.values())
-    again = session.generate(ids, M).tokens
+    again = session.generate(validate_request(session.plan, ids, M)).tokens
     assert again == first
     assert any(r is not None for v in session.decode._variants.values() for r in v.replays)

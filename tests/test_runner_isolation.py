@@ -151,6 +151,7 @@ _PROBE = textwrap.dedent(
         from dctms.runner.load import load_checked_plan, open_model_folder
         from dctms.runner.measure import RssSampler
         from dctms.runner.report import build_report
+        from dctms.runner.request import validate_request
         from dctms.runner.session import Session
         from dctms.runner.tokenize import Tokenizer
         import mlx.core as mx
@@ -158,7 +159,7 @@ _PROBE = textwrap.dedent(
         model = open_model_folder(sys.argv[2])
         tok = Tokenizer(model.path)
         with RssSampler() as rss:
-            gen = Session(plan, model).generate(tok.encode("isolation"), 6)
+            gen = Session(plan, model).generate(validate_request(plan, tok.encode("isolation"), 6))
         build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, tok.decode(gen.tokens))
         ran = len(gen.tokens) == 6
     print(json.dumps({"names": names, "after_import": after_import,
@@ -218,3 +219,73 @@ def test_dynamic_probe_would_see_a_leak():
     seen = json.loads(proc.stdout)
     leaks = _leaks(seen["after_import"])
     assert "dctms.toolkit" in leaks and "dctms.toolkit.tiny_model" in leaks
+
+
+# ------------------------------------------------------------------ the server room (dctms.serve)
+
+# The serve folder beside runner/ (read as files: a venv installed before serve/ existed still
+# collects this module; its dctms.serve tests then fail by themselves).
+SERVE_DIR = RUNNER_DIR.parent / "serve"
+SERVE_MAY_USE = ("dctms.runner", "dctms.schema", "dctms.serve")
+
+
+def serve_forbidden_imports(source: str, filename: str = "<src>") -> list[str]:
+    """The server imports the runner and the schema only: any other ``dctms`` room (the compiler,
+    the views, the CLI, the TUI, the benchmark) and mlx-lm are forbidden."""
+    found = forbidden_imports(source, filename, package="dctms.serve")
+    tree = ast.parse(source, filename=filename)
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = _resolve(node, "dctms.serve")
+            names = [module] if module != "dctms" else [f"dctms.{a.name}" for a in node.names]
+        for name in names:
+            if (name == "dctms" or name.startswith("dctms.")) and not any(
+                name == ok or name.startswith(ok + ".") for ok in SERVE_MAY_USE
+            ):
+                found.append(f"{filename}:{node.lineno}: import {name}")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(SERVE_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_serve_module_imports_only_runner_and_schema(path: Path):
+    assert serve_forbidden_imports(path.read_text(encoding="utf-8"), path.name) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from dctms.views.pool import pool_of\n",
+        "import dctms.cli.main\n",
+        "from dctms import toolkit\n",
+        "from ..views import pool\n",
+        "def f():\n    import dctms.benchmark.execute\n",
+        "from mlx_lm.models import qwen2\n",
+    ],
+)
+def test_serve_checker_catches_a_deliberately_bad_module(source: str):
+    assert serve_forbidden_imports(source, "bad.py") != []
+
+
+def test_serve_checker_allows_the_runner_and_the_schema():
+    ok = "from dctms.runner.session import Session\nfrom dctms.schema.errors import DctmsError\n"
+    ok += "from dctms.serve.protocol import ApiError\nfrom . import text\nimport starlette\n"
+    assert serve_forbidden_imports(ok, "ok.py") == []
+
+
+def test_importing_the_server_loads_no_forbidden_module():
+    probe = (
+        "import importlib, json, pkgutil, sys\nimport dctms.serve\n"
+        "for m in pkgutil.iter_modules(dctms.serve.__path__, 'dctms.serve.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    assert "dctms.serve.app" in loaded and "dctms.runner.session" in loaded
+    ours = [m for m in loaded if m.startswith("dctms.") and m != "dctms.serve"]
+    assert [m for m in ours if not m.startswith(SERVE_MAY_USE)] == []
+    assert not any(m == "mlx_lm" or m.startswith("mlx_lm.") for m in loaded)

@@ -17,6 +17,7 @@ import pytest
 
 from dctms.runner.load import load_checked_plan, open_model_folder
 from dctms.runner.primitives import dtype_from_name
+from dctms.runner.request import validate_request
 from dctms.runner.session import Session
 
 N, M, CHUNK = 48, 32, 16
@@ -121,7 +122,7 @@ def test_generate_allocates_no_new_state(session):
     after_init = mx.get_active_memory()
     lengths = [5, CHUNK, 40, N]  # short, one chunk, several chunks (padded), exactly N
     for n in lengths:
-        gen = session.generate(prompt(n), M)
+        gen = session.generate(validate_request(session.plan, prompt(n), M))
         assert len(gen.tokens) == M
         # the same buffers, updated in place, after prefill + M - 1 decode steps
         assert {name: address(a) for name, a in session.state.items()} == before, n
@@ -159,7 +160,7 @@ def test_the_address_check_sees_a_copy(session):
     name = next(iter(session.state))
     held = session.state[name]
     old = address(held)
-    session.generate(prompt(5), 2)
+    session.generate(validate_request(session.plan, prompt(5), 2))
     assert address(session.state[name]) != old
     assert address(held) == old
     del held

@@ -54,8 +54,9 @@ def test_small_change_small_diff(tiny_plan: Plan) -> None:
     before = encode_plan(tiny_plan).decode().splitlines()
     after = encode_plan(changed).decode().splitlines()
     diff = [d for d in difflib.unified_diff(before, after, n=0, lineterm="") if d[:1] in "+-"]
-    assert len(diff) == 4  # ---/+++ headers, one line out, one line in
-    assert '"offset":128' in diff[-1]
+    # ---/+++ headers, one line out, one line in; and the digest line (schema.digest)
+    assert len(diff) == 6
+    assert '"offset":128' in diff[3] and diff[-1].startswith('+  "digest": ')
 
 
 def test_defaults_omitted_and_plain_dict_keys_sorted(tiny_plan: Plan) -> None:

@@ -31,6 +31,7 @@ _SOAK = textwrap.dedent(
     import gc, json, sys, time
     import mlx.core as mx, psutil
     from dctms.runner.load import load_checked_plan, open_model_folder
+    from dctms.runner.request import validate_request
     from dctms.runner.session import Session
     plan_path, folder, calls, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     proc = psutil.Process()
@@ -41,7 +42,7 @@ _SOAK = textwrap.dedent(
     for call in range(calls):
         n = (5, 16, 37, 48)[call % 4]
         prompt = [(i * 31 + call) % 256 for i in range(n)]
-        gen = session.generate(prompt, max_tokens)
+        gen = session.generate(validate_request(session.plan, prompt, max_tokens))
         steps += len(gen.token_latencies_s)
         samples.append([steps, proc.memory_info().rss, mx.get_active_memory()])
     print(json.dumps({"samples": samples, "seconds": time.perf_counter() - t0,

@@ -322,6 +322,31 @@ CASES: list[tuple[str, str, Break]] = [
         "lower bound above the arena",
         lambda p: phase(tensor(tensor(p, "t3", offset=64), "out", offset=0), arena_bytes=96),
     ),
+    (
+        "arena_claim",
+        "claims the lower bound above it",
+        lambda p: phase(p, arena_bytes=192, lower_bound_bytes=128, arena_optimal="lower_bound"),
+    ),
+    (
+        "arena_claim",
+        "reaches the lower bound without claiming it",
+        lambda p: phase(p, arena_optimal=None, arena_gap_bytes=64),
+    ),
+    (
+        "arena_claim",
+        "proven optimal with a gap",
+        lambda p: phase(p, arena_bytes=192, arena_optimal="search", arena_gap_bytes=64),
+    ),
+    (
+        "arena_claim",
+        "unproven without a gap",
+        lambda p: phase(p, arena_bytes=192, arena_optimal=None, arena_gap_bytes=0),
+    ),
+    (
+        "arena_claim",
+        "gap wider than arena minus the lower bound",
+        lambda p: phase(p, arena_bytes=192, arena_optimal=None, arena_gap_bytes=128),
+    ),
     ("bounds", "batch 0", lambda p: nested(p, "bounds", batch=0)),
     ("bounds", "input_tokens 0", lambda p: nested(p, "bounds", input_tokens=0)),
     ("bounds", "prefill_chunk 0", lambda p: nested(p, "bounds", prefill_chunk=0)),
@@ -436,12 +461,30 @@ CASES: list[tuple[str, str, Break]] = [
         "a place that does not exist",
         lambda p: _with_lengths(p, affine=[LengthAffine([0], 8, ["o99/0.1"])]),
     ),
+    # what the runner looks up and the indices it feeds (schema/rules_runner.py)
+    ("runner_names", "a prefill phase without last_index", lambda p: _with_prefill(p)),
+    ("runner_names", "decode input renamed", lambda p: _with_prefill(binding(p, "inputs", "pos", name="pos"))),
+    ("runner_names", "next_token renamed", lambda p: _with_prefill(binding(p, "outputs", "out", name="token"))),
+    ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
+    ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
+    ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),
+    ("state_capacity", "cache written at a constant", lambda p: _state_written_at(p, "c_half")),
 ]
 
 
 def test_a_consistent_lengths_record_is_valid(tiny_plan: Plan) -> None:
     good = [LengthAffine([0], 8, ["o1/0.1"]), LengthAffine([0], 1, ["itok/1"])]
     assert verify_plan(_with_lengths(tiny_plan, affine=good)) == []
+
+
+def _with_prefill(plan: Plan) -> Plan:
+    """A copy of the decode phase named prefill (so the plan is runnable): it lacks last_index and
+    processes one token, not the plan's prefill_chunk (4)."""
+    return replace(plan, phases=[replace(P0(plan), name="prefill"), P0(plan)])
+
+
+def _state_written_at(plan: Plan, index_id: str) -> Plan:
+    return op(plan, 3, inputs=["k_in", "t0", index_id])
 
 
 def test_two_segment_variant_is_valid(tiny_plan: Plan) -> None:

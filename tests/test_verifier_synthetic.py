@@ -177,6 +177,9 @@ def build_plan(specs: list[OpSpec], outputs: set[int], alignment: int = 64) -> P
         sync_points=_sync_points(specs, ids, slot, syncs, outputs | set(state_ops)),
         arena_bytes=arena,
         lower_bound_bytes=bound,
+        # This generator's own packing proves nothing beyond the lower bound.
+        arena_optimal="lower_bound" if arena == bound else None,
+        arena_gap_bytes=arena - bound,
     )
     env = base.envelope
     total = env.weights + env.kv + env.persistent + arena + env.runtime

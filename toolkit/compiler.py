@@ -16,7 +16,7 @@ import msgspec
 import dctms
 from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256, weights_from_headers
-from dctms.schema.sizes import align_up, is_arena_tenant, slack_bytes
+from dctms.schema.sizes import is_arena_tenant, slack_bytes
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -101,6 +101,9 @@ class CompileOptions:
     # Decoder layers per segment between sync points; 0 = the phase end only (the default: on the
     # CPU backend a per-layer sync costs ~15 % decode throughput and saves < 0.2 % of the arena).
     sync_every: int = 0
+    # Search budget of the offset packer, shared by the phases whose greedy packing misses the
+    # lower bound (a fixed amount of work, so the plan does not depend on the machine's speed).
+    pack_seconds: float = 2.0
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -111,6 +114,8 @@ def _check_options(opts: CompileOptions) -> None:
             )
     if opts.prefill_chunk is not None and opts.prefill_chunk < 1:
         raise DctmsError(f"prefill chunk must be at least 1, got {opts.prefill_chunk}")
+    if not 0 <= opts.pack_seconds <= 3600:
+        raise DctmsError(f"--pack-seconds must be between 0 and 3600, got {opts.pack_seconds}")
     if opts.sync_every < 0:
         raise DctmsError(f"--sync-every must be 0 (phase end only) or more, got {opts.sync_every}")
     if opts.alignment < 1 or opts.alignment & (opts.alignment - 1):
@@ -153,6 +158,7 @@ def compile_plan(
                 opts.alignment,
                 opts.sync_every,
                 settings.allocator_slack,
+                opts.pack_seconds / len(traced.phases),
                 fits.get(tp.name),
                 _candidates(tp.name, fits.get(tp.name), opts.input_tokens),
                 say,
@@ -427,6 +433,8 @@ class Placement:
     buffer_sizes: list[int]
     arena_bytes: int
     lower_bound_bytes: int
+    arena_optimal: str | None  # what proves the arena minimal (see assign.Packing.proof)
+    arena_gap_bytes: int
 
 
 def plan_phase(
@@ -435,6 +443,7 @@ def plan_phase(
     alignment: int,
     sync_every: int,
     allocator_slack: int,
+    pack_seconds: float = 0.0,
     lengths: LengthFit | None = None,
     candidates: list[tuple[int, ...]] | None = None,
     say: Callable[[str], None] | None = None,
@@ -444,7 +453,7 @@ def plan_phase(
     views = {i for i, op in enumerate(tp.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
     sched = build_schedule(tp, views, ridge, sync_every)
     lives = analyse(tp, sched)
-    placement = assign_arena(lives, alignment, len(sched.slots))
+    placement = assign_arena(lives, alignment, pack_seconds)
     phase = emit_phase(tp, sched, lives, placement, allocator_slack)
     if lengths is None:
         return phase
@@ -483,17 +492,21 @@ def emit_lengths(
     )
 
 
-def assign_arena(lives: PhaseLives, alignment: int, num_slots: int) -> Placement:
-    """Pass 4: buffers by interval colouring, offsets by packing, the lower bound packing meets."""
+def assign_arena(lives: PhaseLives, alignment: int, pack_seconds: float = 0.0) -> Placement:
+    """Pass 4: buffers by interval colouring, offsets by packing (greedy, then a search of up to
+    ``pack_seconds`` when it misses the lower bound), the lower bound and what proves the arena."""
     tenants = [t for t, life in lives.lives.items() if life.kind in ARENA_KINDS]
     intervals = [lives.slot_interval[t] for t in tenants]
     sizes = [lives.lives[t].bytes for t in tenants]
     buffer_of, buffer_size = assign.colour(intervals, sizes)
-    aligned = [align_up(s, alignment) for s in sizes]
-    lower = assign.lower_bound(intervals, aligned, num_slots)
-    offsets, arena = assign.pack(intervals, sizes, alignment, floor=lower)
+    packing = assign.pack(intervals, sizes, alignment, seconds=pack_seconds)
     return Placement(
-        {t: (buffer_of[k], offsets[k]) for k, t in enumerate(tenants)}, buffer_size, arena, lower
+        {t: (buffer_of[k], packing.offsets[k]) for k, t in enumerate(tenants)},
+        buffer_size,
+        packing.arena,
+        packing.lower_bound,
+        packing.proof,
+        packing.gap,
     )
 
 
@@ -560,6 +573,8 @@ def emit_phase(
         sync_points=sync,
         arena_bytes=placement.arena_bytes,
         lower_bound_bytes=placement.lower_bound_bytes,
+        arena_optimal=placement.arena_optimal,
+        arena_gap_bytes=placement.arena_gap_bytes,
         slack_bytes=slack_bytes(tensors, len(sched.slots), allocator_slack),
     )
 

@@ -10,6 +10,13 @@ from __future__ import annotations
 from dctms.schema.errors import DctmsError
 from dctms.schema.types import TargetProfile
 
+
+def _apple(
+    name: str, flops: float, flops_source: str, bandwidth: float, bandwidth_source: str
+) -> TargetProfile:
+    return TargetProfile(name, flops, flops_source, bandwidth, bandwidth_source)
+
+
 PROFILES: dict[str, TargetProfile] = {
     "cpu-x86-2core": TargetProfile(
         name="cpu-x86-2core",
@@ -34,6 +41,49 @@ PROFILES: dict[str, TargetProfile] = {
         bandwidth_bytes_per_s=120e9,
         bandwidth_source="published: Apple M4 tech specs, 120 GB/s unified memory bandwidth",
     ),
+    **{
+        name: _apple(name, *figures)
+        for name, figures in {
+            "apple-m1": (
+                2.6e12,
+                "published: Apple newsroom 'Apple unleashes M1' (2020-11-10), 8-core GPU "
+                "'2.6 teraflops of throughput'",
+                68.25e9,
+                "derived: 128-bit LPDDR4X-4266 = 16 bytes x 4.266 GT/s = 68.25 GB/s (Apple "
+                "publishes no M1 bandwidth figure)",
+            ),
+            "apple-m1-pro": (
+                5.2e12,
+                "published: Apple event 2021-10-18, M1 Pro 16-core GPU '5.2 teraflops'",
+                200e9,
+                "published: Apple newsroom 'Introducing M1 Pro and M1 Max' (2021-10-18), "
+                "'up to 200GB/s of memory bandwidth'",
+            ),
+            "apple-m1-max": (
+                10.4e12,
+                "published: Apple event 2021-10-18, M1 Max 32-core GPU '10.4 teraflops'",
+                400e9,
+                "published: Apple newsroom 'Introducing M1 Pro and M1 Max' (2021-10-18), "
+                "'up to 400GB/s of memory bandwidth'",
+            ),
+            "apple-m4-pro": (
+                8.2e12,
+                "derived: Apple M4 Pro 20-core GPU = 2560 FP32 ALUs x 2 FLOP/FMA x ~1.6 GHz "
+                "(as apple-m4-16gb); Apple publishes core counts, not a FLOP figure",
+                273e9,
+                "published: Apple newsroom 'Apple introduces M4 Pro and M4 Max' (2024-10-30), "
+                "M4 Pro '273GB/s of memory bandwidth'",
+            ),
+            "apple-m4-max": (
+                16.4e12,
+                "derived: Apple M4 Max 40-core GPU = 5120 FP32 ALUs x 2 FLOP/FMA x ~1.6 GHz "
+                "(as apple-m4-16gb); Apple publishes core counts, not a FLOP figure",
+                546e9,
+                "published: Apple newsroom 'Apple introduces M4 Pro and M4 Max' (2024-10-30), "
+                "M4 Max (40-core GPU) '546GB/s of memory bandwidth'",
+            ),
+        }.items()
+    },
 }
 
 DEFAULT_PROFILE = {"cpu": "cpu-x86-2core", "gpu": "apple-m4-16gb"}

@@ -42,36 +42,75 @@ class FitResult:
         return next((p for p in self.probes if p.value == value), None)
 
 
-def largest_fitting(measure: Callable[[int], int], budget: int, cap: int) -> FitResult:
-    """Doubling from 1 until M_max exceeds ``budget`` (or ``cap`` is reached), then bisection:
-    about 2 log2(answer) calls of ``measure``, never more than one per value."""
+def largest_fitting(
+    measure: Callable[[int], int], budget: int, cap: int, hint: int | None = None
+) -> FitResult:
+    """The largest value in [1, cap] whose ``measure`` fits ``budget``, never measuring a value twice.
+
+    ``hint`` (a nearby answer, e.g. the previous chunk's) is measured first, else 1 (when nothing
+    fits, 1 was measured, so "even 1 does not fit" is certain). Then a bracket [lo fits, hi does
+    not] is grown from there by doubling or a jump to the linear estimate of the crossing, and
+    closed by interpolating where M_max crosses the budget: M_max is close to linear in N and M,
+    so the crossing is usually found in a few compiles. An interpolation step that does not halve
+    the bracket is followed by a bisection step, so the search is never worse than about twice
+    plain bisection: at most ~4 log2(cap) calls."""
     result = FitResult(budget=budget, cap=cap)
+    seen: dict[int, int] = {}
 
-    def fits(value: int) -> bool:
-        total = measure(value)
-        result.probes.append(Probe(value, total, total <= budget))
-        return total <= budget
+    def total(value: int) -> int:
+        if value not in seen:
+            seen[value] = measure(value)
+            result.probes.append(Probe(value, seen[value], seen[value] <= budget))
+        return seen[value]
 
-    if cap < 1 or not fits(1):
+    if cap < 1:
         return result
-    lo = 1  # fits
-    while True:
-        nxt = min(2 * lo, cap)
-        if nxt == lo:  # lo is the cap and fits
+    lo, hi = 1, None  # lo fits; hi (once known) does not
+    if hint is not None and 1 < hint <= cap and total(hint) <= budget:
+        lo = hint  # so 1 fits too (M_max does not shrink as the value grows)
+    elif total(1) > budget:
+        return result
+    elif hint is not None and 1 < hint <= cap:
+        hi = hint  # [1, hint] is a bracket already
+    while hi is None:  # grow: at least double, or jump to the linear estimate of the crossing
+        if lo == cap:
             result.best = lo
             return result
-        if not fits(nxt):
+        nxt = min(cap, max(2 * lo, _crossing(seen, lo, budget)))
+        if total(nxt) <= budget:
+            lo = nxt
+        else:
             hi = nxt
-            break
-        lo = nxt
+    interpolate = True
     while hi - lo > 1:  # invariant: lo fits, hi does not
-        mid = (lo + hi) // 2
-        if fits(mid):
+        if interpolate:
+            t_lo, t_hi = seen[lo], seen[hi]
+            guess = lo + (budget - t_lo) * (hi - lo) // max(t_hi - t_lo, 1)
+            mid = min(max(guess, lo + 1), hi - 1)
+        else:
+            mid = (lo + hi) // 2
+        width = hi - lo
+        if total(mid) <= budget:
             lo = mid
         else:
             hi = mid
+        interpolate = not interpolate or 2 * (hi - lo) <= width
     result.best = lo
     return result
+
+
+def _crossing(seen: dict[int, int], lo: int, budget: int) -> int:
+    """Where the line through the two largest measured fitting values reaches ``budget``, a little
+    past it so the bracket usually closes in one step (0 when there is no such line)."""
+    below = sorted(v for v, t in seen.items() if v <= lo and t <= budget)
+    if len(below) < 2:
+        return 0
+    a, b = below[-2], below[-1]
+    slope = (seen[b] - seen[a]) / (b - a)
+    if slope <= 0:
+        return 0
+    estimate = b + (budget - seen[b]) / slope
+    return int(estimate * 1.02) + 1
 
 
 def max_positions(config: dict) -> int | None:
@@ -152,7 +191,7 @@ def fit_text(summary: dict[str, Any], model: str, cap_reason: str) -> str:
     lines += [
         "",
         f"{summary['compiles']} compiles in {summary['seconds']:.1f} s "
-        f"({'doubling up to the cap' if summary['capped'] else 'doubling, then bisection'}; "
+        f"({'up to the cap' if summary['capped'] else 'estimate, then interpolation / bisection'}; "
         f"assumes M_max never shrinks as {letter} grows)",
     ]
     return "\n".join(lines) + "\n"

@@ -91,13 +91,6 @@ def run(args: argparse.Namespace) -> int:
     max_tokens = args.max_tokens
     if max_tokens is None:
         max_tokens = min(DEFAULT_MAX_TOKENS, bounds.output_tokens)
-    if max_tokens < 1:
-        raise DctmsError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if max_tokens > bounds.output_tokens:
-        raise DctmsError(
-            f"--max-tokens {max_tokens} exceeds the plan's M = {bounds.output_tokens}; "
-            "recompile with a larger -M"
-        )
 
     prompts_path = Path(args.prompts) if args.prompts else default_prompts_file()
     prompts = load_prompts(prompts_path)
@@ -117,7 +110,13 @@ def run(args: argparse.Namespace) -> int:
             f"UTF-8 bytes modulo the vocabulary size ({vocab})"
         )
         stop = set()
-    check_bounds(ids, bounds.input_tokens)
+    from dctms.runner.request import PromptTooLong, validate_requests
+
+    try:
+        requests = validate_requests(plan, [p.ids for p in ids], max_tokens, stop)
+    except PromptTooLong:
+        check_bounds(ids, bounds.input_tokens)  # the same refusal, naming every long prompt
+        raise
 
     from dctms.benchmark.execute import execute
     from dctms.benchmark.progress import ProgressBar
@@ -129,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"loading the runner (plan {args.plan}, weights {model.path}) ...")
     from dctms.runner.session import Session
 
-    runner = Runner(Session(plan, model))
+    runner = Runner(Session(plan, model), requests)
     say("loading the baseline (mlx_lm.utils.load_model) ...")
     baseline = Baseline(model.path, defaults)
 

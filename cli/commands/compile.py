@@ -6,10 +6,8 @@ import argparse
 import sys
 import time
 
-from dctms.toolkit.sizes import human, parse_size
-
-# Known target profiles, listed here so `--help` needs no compiler import (a test keeps them equal).
-PROFILE_NAMES = ("apple-m4-16gb", "cpu-x86-2core")
+from dctms.cli.compile_options import add_compile_options, compile_options
+from dctms.toolkit.sizes import human
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,35 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-N", "--input-tokens", type=int, required=True, help="longest prompt (tokens)")
     p.add_argument("-M", "--output-tokens", type=int, required=True, help="most generated tokens")
     p.add_argument("-o", "--output", metavar="PLAN", help="plan file to write (default: stdout)")
-    p.add_argument("--batch", type=int, default=1, help="sequences per call (default 1)")
-    p.add_argument(
-        "--prefill-chunk", type=int, help="tokens per prefill call (default min(N, 512))"
-    )
-    p.add_argument(
-        "--dtype",
-        choices=["bfloat16", "float16", "float32"],
-        help="model dtype (default: the config's torch_dtype, else bfloat16)",
-    )
-    p.add_argument(
-        "--memory",
-        metavar="SIZE",
-        help="device memory budget, e.g. 16GiB: exit 1 when M_max does not fit",
-    )
-    p.add_argument("--backend", choices=["cpu", "gpu"], help="MLX device (default: MLX's default)")
-    p.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
-    p.add_argument("--profile", choices=PROFILE_NAMES, help="roofline target profile")
-    p.add_argument(
-        "--sync-every",
-        type=int,
-        default=0,
-        metavar="LAYERS",
-        help="also sync after every LAYERS decoder layers (default 0: phase end only)",
-    )
-    p.add_argument(
-        "--hash-weights",
-        action="store_true",
-        help="record the sha256 of every safetensors file (reads all weights once)",
-    )
+    add_compile_options(p, memory_required=False)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
@@ -67,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     # The compiler (mlx.nn, numpy, mlx-lm) is imported here, not at parse time, so other
     # subcommands -- `dctms run` above all -- never load it.
     from dctms.schema.io import encode_plan, write_plan
-    from dctms.toolkit.compiler import CompileOptions, compile_plan
+    from dctms.toolkit.compiler import compile_plan
     from dctms.toolkit.model_source import load_source
 
     start = time.perf_counter()
@@ -79,19 +49,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
 
     source = load_source(args.model)
-    opts = CompileOptions(
-        input_tokens=args.input_tokens,
-        output_tokens=args.output_tokens,
-        batch=args.batch,
-        prefill_chunk=args.prefill_chunk,
-        dtype=args.dtype,
-        device_memory=parse_size(args.memory) if args.memory is not None else None,
-        backend=args.backend,
-        alignment=args.alignment,
-        profile=args.profile,
-        hash_weights=args.hash_weights,
-        sync_every=args.sync_every,
-    )
+    opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_plan(source, opts, progress)
     if args.output and args.output != "-":
         write_plan(plan, args.output)

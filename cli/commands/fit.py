@@ -1,4 +1,5 @@
-"""``dctms fit MODEL --memory 16GiB (-M INT | -N INT)``: the longest prompt (or generation) that fits.
+"""``dctms fit MODEL --memory 16GiB (-M INT | -N INT) [--search chunk]``: the longest prompt (or
+generation) that fits, optionally over candidate prefill chunks.
 
 Exit status: 0 with the fit printed, 1 when even 1 token does not fit (the shortfall is printed),
 2 for bad input.
@@ -12,10 +13,14 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from dctms.cli.compile_options import add_compile_options, compile_options, memory_budget
 from dctms.schema.errors import DctmsError
 
 if TYPE_CHECKING:
     from dctms.schema.types import Plan
+    from dctms.views.fit import FitResult
+
+DEFAULT_MAX_COMPILES = 400
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,52 +29,92 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="largest N (given -M) or M (given -N) whose M_max fits a memory budget",
         description=(
             "Search for the largest number of input tokens N (given -M) or output tokens M (given "
-            "-N) whose plan's M_max fits --memory: compile at 1, 2, 4, ... until it does not fit, "
-            "then bisect, so about 2*log2(answer) compiles. N + M stops at the config's "
-            "max_position_embeddings (else 2^20). Prints the envelope at the fit."
+            "-N) whose plan's M_max fits --memory, by real compiles: 1, then a linear estimate of "
+            "the crossing (or doubling), then interpolation between a fitting and a non-fitting "
+            "value (bisection when that stalls), ending with the certificate that the answer fits "
+            "and answer + 1 does not. N + M stops at the config's max_position_embeddings (else "
+            "2^20). Prints the envelope at the fit. With --search chunk, the search runs for every "
+            "candidate prefill chunk (--chunks) and prints chunk -> largest N (or M), M_max, and "
+            "the roofline's predicted TTFT and decode tok/s on the target profile, then picks the "
+            "chunk that fits the most tokens. All other options are `dctms compile`'s."
         ),
     )
     p.add_argument("model", metavar="MODEL", help="model folder or config.json")
-    p.add_argument("--memory", metavar="SIZE", required=True, help="budget, e.g. 16GiB")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("-M", "--output-tokens", type=int, help="fixed M: search the largest N")
     which.add_argument("-N", "--input-tokens", type=int, help="fixed N: search the largest M")
-    p.add_argument("--batch", type=int, default=1, help="sequences per call (default 1)")
+    add_compile_options(p, memory_required=True)
     p.add_argument(
-        "--prefill-chunk", type=int, help="tokens per prefill call (default min(N, 512))"
+        "--search",
+        choices=["chunk"],
+        help="also search over the prefill chunk (the KV cache format is not searchable yet: "
+        "this dctms has no quantised KV cache)",
     )
     p.add_argument(
-        "--dtype", choices=["bfloat16", "float16", "float32"], help="model dtype (default: config)"
+        "--chunks",
+        metavar="LIST",
+        help="candidate prefill chunks for --search chunk, comma-separated "
+        "(default 32,64,128,256,512,1024,2048)",
     )
-    p.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        metavar="P",
+        help="prompt length of the TTFT column of --search chunk (default: the smallest fit)",
+    )
+    p.add_argument(
+        "--max-compiles",
+        type=int,
+        default=DEFAULT_MAX_COMPILES,
+        metavar="K",
+        help=f"stop with an error after K compiles in all (default {DEFAULT_MAX_COMPILES})",
+    )
     p.add_argument("-o", "--output", metavar="PLAN", help="also write the plan at the fit")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
 
+def _chunks(args: argparse.Namespace) -> list[int]:
+    from dctms.views.fit_chunks import DEFAULT_CHUNKS
+
+    if args.search != "chunk":
+        if args.chunks is not None or args.prompt_tokens is not None:
+            raise DctmsError("--chunks and --prompt-tokens need --search chunk")
+        return [args.prefill_chunk]  # None: the compiler's default
+    if args.prefill_chunk is not None:
+        raise DctmsError("--prefill-chunk fixes the chunk that --search chunk searches: give one")
+    if args.chunks is None:
+        return list(DEFAULT_CHUNKS)
+    try:
+        chunks = sorted({int(c) for c in args.chunks.split(",") if c.strip()})
+    except ValueError:
+        raise DctmsError(
+            f"--chunks: not a comma-separated list of integers: {args.chunks!r}"
+        ) from None
+    if not chunks or chunks[0] < 1:
+        raise DctmsError(f"--chunks: every chunk must be at least 1, got {args.chunks!r}")
+    return chunks
+
+
 def run(args: argparse.Namespace) -> int:
     from dctms.schema.io import write_plan
-    from dctms.toolkit.compiler import CompileOptions, compile_plan
+    from dctms.toolkit.compiler import compile_plan
     from dctms.toolkit.model_source import load_source
-    from dctms.toolkit.sizes import human, parse_size
-    from dctms.views.fit import (
-        DEFAULT_CAP,
-        fit_summary,
-        fit_text,
-        largest_fitting,
-        max_positions,
-    )
+    from dctms.toolkit.sizes import human
+    from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
-    try:
-        budget = parse_size(args.memory)
-    except DctmsError as err:
-        raise DctmsError(f"--memory: {err}") from None
+    budget = memory_budget(args)
     search_n = args.output_tokens is not None
     fixed = args.output_tokens if search_n else args.input_tokens
     letter, other = ("N", "M") if search_n else ("M", "N")
     if fixed < 1:
         raise DctmsError(f"-{other} must be at least 1, got {fixed}")
+    if args.max_compiles < 1:
+        raise DctmsError(f"--max-compiles must be at least 1, got {args.max_compiles}")
+    if args.prompt_tokens is not None and args.prompt_tokens < 1:
+        raise DctmsError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
+    chunks = _chunks(args)
     source = load_source(args.model)
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
@@ -82,48 +127,46 @@ def run(args: argparse.Namespace) -> int:
         )
 
     start = time.perf_counter()
-    fitting: dict[int, Plan] = {}  # the largest plan that fits, so it is not compiled twice
+    compiles = 0
 
-    def measure(value: int) -> int:
-        n, m = (value, fixed) if search_n else (fixed, value)
-        opts = CompileOptions(
-            input_tokens=n,
-            output_tokens=m,
-            batch=args.batch,
-            prefill_chunk=args.prefill_chunk,
-            dtype=args.dtype,
-            device_memory=budget,
-            alignment=args.alignment,
+    def search(chunk: int | None, hint: int | None, label: str) -> tuple[FitResult, Plan | None]:
+        fitting: dict[int, Plan] = {}  # the largest plan that fits, so it is not compiled twice
+
+        def measure(value: int) -> int:
+            nonlocal compiles
+            if compiles >= args.max_compiles:
+                raise DctmsError(
+                    f"stopped after --max-compiles {args.max_compiles} compiles without a "
+                    "certificate: raise it or give fewer --chunks"
+                )
+            compiles += 1
+            n, m = (value, fixed) if search_n else (fixed, value)
+            plan = compile_plan(source, compile_options(args, n, m, prefill_chunk=chunk))
+            total = plan.envelope.total
+            if total <= budget and value > max(fitting, default=0):
+                fitting.clear()
+                fitting[value] = plan
+            if not args.quiet:
+                verdict = "fits" if total <= budget else f"over by {human(total - budget)}"
+                print(
+                    f"[{time.perf_counter() - start:6.2f}s] {label}{letter} = {value:,}: "
+                    f"M_max {human(total)}, {verdict}",
+                    file=sys.stderr,
+                )
+            return total
+
+        result = largest_fitting(measure, budget, cap, hint=hint)
+        return result, fitting.get(result.best) if result.best is not None else None
+
+    if args.search == "chunk":
+        return _run_chunk_search(
+            args, search, chunks, letter, other, fixed, budget, start, cap_reason
         )
-        plan = compile_plan(source, opts)
-        total = plan.envelope.total
-        if total <= budget and value > max(fitting, default=0):
-            fitting.clear()
-            fitting[value] = plan
-        if not args.quiet:
-            verdict = "fits" if total <= budget else f"over by {human(total - budget)}"
-            print(
-                f"[{time.perf_counter() - start:6.2f}s] {letter} = {value:,}: "
-                f"M_max {human(total)}, {verdict}",
-                file=sys.stderr,
-            )
-        return total
 
-    result = largest_fitting(measure, budget, cap)
+    result, plan = search(chunks[0], None, "")
     elapsed = time.perf_counter() - start
-    if result.best is None:
-        first = result.probes[0]
-        short = first.total - budget
-        print(
-            f"dctms fit: even {letter} = 1 ({other} = {fixed:,}) needs M_max {human(first.total)}: "
-            f"{human(short)} ({short:,} bytes) more than the {human(budget)} budget",
-            file=sys.stderr,
-        )
-        if args.json:
-            doc = {"value": None, "budget": budget, "m_max_at_1": first.total, "shortfall": short}
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        return 1
-    plan = fitting[result.best]
+    if result.best is None or plan is None:
+        return _nothing_fits(args, result, letter, other, fixed, budget)
     summary = fit_summary(result, plan, "input_tokens" if search_n else "output_tokens", elapsed)
     if args.output:
         write_plan(plan, args.output)
@@ -132,4 +175,93 @@ def run(args: argparse.Namespace) -> int:
     else:
         model = f"{plan.model.architecture} ({plan.model.num_layers} layers)"
         sys.stdout.write(fit_text(summary, model, cap_reason))
+    return 0
+
+
+def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int) -> int:
+    from dctms.toolkit.sizes import human
+
+    first = result.probe(1)
+    short = first.total - budget
+    print(
+        f"dctms fit: even {letter} = 1 ({other} = {fixed:,}) needs M_max {human(first.total)}: "
+        f"{human(short)} ({short:,} bytes) more than the {human(budget)} budget",
+        file=sys.stderr,
+    )
+    if args.json:
+        doc = {"value": None, "budget": budget, "m_max_at_1": first.total, "shortfall": short}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    return 1
+
+
+def _run_chunk_search(
+    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str
+) -> int:
+    from dctms.schema.io import write_plan
+    from dctms.toolkit.sizes import human
+    from dctms.views.fit import fit_summary, fit_text
+    from dctms.views.fit_chunks import best_row, chunk_doc, chunk_row, chunk_table_text
+
+    if not args.quiet:
+        print(
+            f"searching {len(chunks)} prefill chunks ({', '.join(map(str, chunks))}); "
+            f"at most {args.max_compiles} compiles",
+            file=sys.stderr,
+        )
+    found: list[tuple[int, FitResult, Plan | None]] = []
+    hint = None
+    for i, chunk in enumerate(chunks):
+        result, plan = search(chunk, hint, f"chunk {chunk} ({i + 1}/{len(chunks)}): ")
+        found.append((chunk, result, plan))
+        hint = result.best or hint  # the next chunk's answer is usually close
+    fits = [r.best for _, r, _ in found if r.best is not None]
+    if not fits:
+        return _nothing_fits(args, found[-1][1], letter, other, fixed, budget)
+    if letter == "N":
+        prompt = args.prompt_tokens or min(fits)
+    else:
+        prompt = min(args.prompt_tokens or fixed, fixed)
+    rows = []
+    for chunk, result, plan in found:
+        over = None if result.best is None else result.probe(result.best + 1)
+        rows.append(
+            chunk_row(
+                chunk,
+                result.best,
+                plan,
+                None if over is None else over.total,
+                len(result.probes),
+                prompt,
+            )
+        )
+    best = best_row(rows)
+    _, result, plan = next(f for f in found if f[0] == best.chunk)
+    elapsed = time.perf_counter() - start
+    summary = fit_summary(
+        result, plan, "input_tokens" if letter == "N" else "output_tokens", elapsed
+    )
+    summary["compiles"] = sum(len(r.probes) for _, r, _ in found)
+    if args.output:
+        write_plan(plan, args.output)
+    profile = plan.target.profile.name
+    if args.json:
+        doc = {
+            "search": "chunk",
+            "prompt_tokens": prompt,
+            "profile": profile,
+            "chunks": chunk_doc(rows),
+            "best": summary,
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    model = f"{plan.model.architecture} ({plan.model.num_layers} layers)"
+    lines = [
+        f"{model}, {other} = {fixed:,}, budget {human(budget)}: "
+        f"prefill chunk {best.chunk} fits the most, {letter} = {best.value:,}",
+        "",
+        chunk_table_text(rows, letter, prompt, profile, best).rstrip("\n"),
+        "",
+        f"the fit at chunk {best.chunk}:",
+    ]
+    sys.stdout.write("\n".join(lines) + "\n" + fit_text(summary, model, cap_reason))
     return 0

@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from dctms.runner.load import load_checked_plan, open_model_folder
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, write_report
-    from dctms.runner.session import Session, check_request, check_token_ids
+    from dctms.runner.request import validate_request
+    from dctms.runner.session import Session
     from dctms.runner.tokenize import Tokenizer, parse_token_list
 
     plan = load_checked_plan(args.plan)
@@ -50,12 +51,11 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer(model.path) if args.prompt is not None else None
     prompt = tokenizer.encode(args.prompt) if tokenizer else parse_token_list(args.tokens)
     max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
-    check_request(plan, len(prompt), max_tokens)
-    check_token_ids(plan, prompt)
     stop = set() if args.ignore_eos or tokenizer is None else tokenizer.eos_ids
+    request = validate_request(plan, prompt, max_tokens, stop)
     with RssSampler() as rss:
         session = Session(plan, model, verify_hashes=args.verify_weights)
-        gen = session.generate(prompt, max_tokens, stop)
+        gen = session.generate(request)
     text = tokenizer.decode(gen.tokens) if tokenizer else None
     report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text)
     if args.report:

@@ -1,0 +1,78 @@
+"""This machine's roofline figures, measured with MLX: read bandwidth and matmul throughput.
+
+``dctms roofline --measure`` uses them instead of a published profile. Both are best-of-R timings
+(the least disturbed run on a shared machine), on MLX's default device:
+
+* read bandwidth: ``mx.sum`` over a float32 array much larger than the caches (bytes read / time);
+* matmul: a float32 square matmul (2 n^3 FLOPs / time). On the CPU MLX calls whatever BLAS the
+  process loaded (``dctms`` preloads OpenBLAS when MLX carries the reference BLAS, see
+  ``dctms.runner.blas``), so the library that provides ``cblas_sgemm`` is named in the source.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dctms.schema.types import TargetProfile
+
+READ_BYTES = 256 * 2**20
+MATMUL_N = 1024
+REPEATS = 5
+
+
+def _best_seconds(run, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_read_bandwidth(nbytes: int = READ_BYTES, repeats: int = REPEATS) -> float:
+    """Bytes per second ``mx.sum`` reads a float32 array of ``nbytes``."""
+    import mlx.core as mx
+
+    x = mx.ones((nbytes // 4,), dtype=mx.float32)
+    mx.eval(x)
+    mx.eval(mx.sum(x))  # warm-up
+    seconds = _best_seconds(lambda: mx.eval(mx.sum(x)), repeats)
+    return nbytes / seconds
+
+
+def measure_matmul_flops(n: int = MATMUL_N, repeats: int = REPEATS) -> float:
+    """FLOP/s of a float32 ``n x n`` matmul."""
+    import mlx.core as mx
+
+    a = mx.random.normal((n, n), key=mx.random.key(0))
+    b = mx.random.normal((n, n), key=mx.random.key(1))
+    mx.eval(a, b)
+    mx.eval(a @ b)  # warm-up
+    seconds = _best_seconds(lambda: mx.eval(a @ b), repeats)
+    return 2.0 * n**3 / seconds
+
+
+def measured_profile(
+    read_bytes: int = READ_BYTES, matmul_n: int = MATMUL_N, repeats: int = REPEATS
+) -> TargetProfile:
+    import mlx.core as mx
+
+    device = str(mx.default_device())
+    bandwidth = measure_read_bandwidth(read_bytes, repeats)
+    flops = measure_matmul_flops(matmul_n, repeats)
+    from dctms.runner.blas import loaded_blas
+
+    blas = loaded_blas().describe()
+    return TargetProfile(
+        name="measured",
+        peak_flops=flops,
+        peak_flops_source=(
+            f"measured: best of {repeats} MLX float32 {matmul_n}x{matmul_n} matmuls on {device} "
+            f"of this machine, {flops / 1e9:.1f} GFLOP/s; BLAS loaded: {blas}"
+        ),
+        bandwidth_bytes_per_s=bandwidth,
+        bandwidth_source=(
+            f"measured: best of {repeats} MLX sums over {read_bytes // 2**20} MiB of float32 on "
+            f"{device} of this machine, {bandwidth / 1e9:.1f} GB/s read"
+        ),
+    )

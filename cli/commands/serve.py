@@ -1,0 +1,104 @@
+"""``dctms serve --plan PLAN=MODEL_DIR ... [--memory SIZE] [--host H --port P]``: an
+OpenAI-compatible server for a pool of plans that refuses to start unless the pool fits."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dctms.schema.errors import DctmsError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server for one or more plans within one memory budget",
+        description=(
+            "Serve /v1/models, /v1/completions and /v1/chat/completions (streaming or not, greedy) "
+            "for every --plan; the request's model name picks the plan. The plans' pool envelope "
+            "(`dctms pool`, calls one at a time) must fit --memory or the server does not start. "
+            "Requests run one at a time on one MLX worker thread and queue meanwhile; /status "
+            "(JSON) and /metrics (Prometheus) report the envelope, MLX's observed peak and the "
+            "queue. Needs the `serve` extra: pip install 'dctms[serve]'."
+        ),
+    )
+    p.add_argument(
+        "--plan",
+        action="append",
+        required=True,
+        metavar="PLAN=MODEL_DIR",
+        help="a plan and its model folder, served as the plan file's stem; "
+        "NAME=PLAN=MODEL_DIR picks the name (repeat for several models)",
+    )
+    p.add_argument("--memory", metavar="SIZE", help="budget, e.g. 16GiB (default: physical RAM)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free)")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        metavar="N",
+        help="requests that may wait for the worker; more get HTTP 503 (default 64)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level; info also logs every request (default warning)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import psutil
+
+    from dctms.runner.load import load_checked_plan
+    from dctms.serve.spec import parse_plan_specs
+    from dctms.toolkit.sizes import human, parse_size
+    from dctms.views.pool import pool_of, pool_summary
+
+    try:
+        from dctms.serve import app as app_mod
+        from dctms.serve import server
+        from dctms.serve.worker import Worker
+    except ModuleNotFoundError as err:
+        raise DctmsError(
+            f"dctms serve needs {err.name}: pip install 'dctms[serve]' (starlette, uvicorn)"
+        ) from None
+
+    if args.max_queue < 1:
+        raise DctmsError(f"--max-queue must be at least 1, got {args.max_queue}")
+    specs = parse_plan_specs(args.plan)
+    plans = [load_checked_plan(s.plan) for s in specs]
+    if args.memory is None:
+        budget = psutil.virtual_memory().total
+    else:
+        try:
+            budget = parse_size(args.memory)
+        except DctmsError as err:
+            raise DctmsError(f"--memory: {err}") from None
+    pool = pool_of([(s.name, p) for s, p in zip(specs, plans, strict=True)], budget=budget)
+    if not pool.fits:
+        raise DctmsError(
+            f"the pool of {len(plans)} plan(s) needs {human(pool.total)} ({pool.total:,} bytes), "
+            f"{human(-(pool.free or 0))} more than the {human(budget)} budget; "
+            "serve fewer plans or give more --memory (see `dctms pool`)"
+        )
+    sock = server.bind(args.host, args.port)
+    worker = Worker(list(zip(specs, plans, strict=True)), max_queue=args.max_queue)
+    try:
+        worker.start()
+        print(
+            f"dctms serve: {', '.join(s.name for s in specs)}; pool M_max {human(pool.total)} "
+            f"(MLX peak bound {human(pool.provable)}) of {human(budget)}, "
+            f"{human(pool.free or 0)} free",
+            file=sys.stderr,
+        )
+        server.run(app_mod.build_app(worker, pool_summary(pool)), sock, args.log_level)
+    except KeyboardInterrupt:
+        pass  # uvicorn already shut down gracefully; it re-raises the signal it caught
+    finally:
+        worker.stop()
+        sock.close()
+    print("dctms serve: stopped", file=sys.stderr)
+    return 0

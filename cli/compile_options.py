@@ -1,0 +1,104 @@
+"""The compile options, defined once: ``dctms compile`` and ``dctms fit`` both add them to their
+parser with ``add_compile_options`` and read them back with ``compile_options``, so a new compiler
+knob reaches both commands (and ``fit`` cannot silently lack one).
+
+Kept free of compiler imports so ``--help`` stays fast; ``compile_options`` imports the compiler's
+``CompileOptions`` only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from dctms.schema.errors import DctmsError
+from dctms.toolkit.sizes import parse_size
+
+if TYPE_CHECKING:
+    from dctms.toolkit.compiler import CompileOptions
+
+# Known target profiles, listed here so `--help` needs no compiler import (a test keeps them equal
+# to dctms.toolkit.profiles.PROFILES).
+PROFILE_NAMES = (
+    "apple-m1",
+    "apple-m1-max",
+    "apple-m1-pro",
+    "apple-m4-16gb",
+    "apple-m4-max",
+    "apple-m4-pro",
+    "cpu-x86-2core",
+)
+
+DTYPE_CHOICES = ("bfloat16", "float16", "float32")
+
+
+def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: bool) -> None:
+    """Every compiler option except the token bounds -N / -M (each command sets those its way)."""
+    parser.add_argument("--batch", type=int, default=1, help="sequences per call (default 1)")
+    parser.add_argument(
+        "--prefill-chunk", type=int, help="tokens per prefill call (default min(N, 512))"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        help="model dtype (default: the config's torch_dtype, else bfloat16)",
+    )
+    parser.add_argument(
+        "--memory",
+        metavar="SIZE",
+        required=memory_required,
+        help="device memory budget, e.g. 16GiB"
+        + ("" if memory_required else ": exit 1 when M_max does not fit"),
+    )
+    parser.add_argument(
+        "--backend", choices=["cpu", "gpu"], help="MLX device (default: MLX's default)"
+    )
+    parser.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
+    parser.add_argument("--profile", choices=PROFILE_NAMES, help="roofline target profile")
+    parser.add_argument(
+        "--sync-every",
+        type=int,
+        default=0,
+        metavar="LAYERS",
+        help="also sync after every LAYERS decoder layers (default 0: phase end only)",
+    )
+    parser.add_argument(
+        "--hash-weights",
+        action="store_true",
+        help="record the sha256 of every safetensors file (reads all weights once)",
+    )
+
+
+def memory_budget(args: argparse.Namespace) -> int | None:
+    """``--memory`` in bytes (None when not given); a bad size is one line naming the option."""
+    if args.memory is None:
+        return None
+    try:
+        return parse_size(args.memory)
+    except DctmsError as err:
+        raise DctmsError(f"--memory: {err}") from None
+
+
+def compile_options(
+    args: argparse.Namespace,
+    input_tokens: int,
+    output_tokens: int,
+    prefill_chunk: int | None = None,
+) -> CompileOptions:
+    """The ``CompileOptions`` the parsed options describe, at the given bounds (``prefill_chunk``
+    overrides ``--prefill-chunk``: ``fit --search chunk`` compiles at several)."""
+    from dctms.toolkit.compiler import CompileOptions
+
+    return CompileOptions(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        batch=args.batch,
+        prefill_chunk=prefill_chunk if prefill_chunk is not None else args.prefill_chunk,
+        dtype=args.dtype,
+        device_memory=memory_budget(args),
+        backend=args.backend,
+        alignment=args.alignment,
+        profile=args.profile,
+        hash_weights=args.hash_weights,
+        sync_every=args.sync_every,
+    )

@@ -1,0 +1,79 @@
+"""A generation request checked against a plan's bounds, once, before anything is loaded.
+
+``validate_request`` is pure (no MLX call, no global state) and is the only place the runner checks
+a prompt, a token count and token ids; ``Session.generate`` takes its result and checks nothing
+again. The Session, when it opens, checks the arrays it allocated against the same bounds
+(``session.check_allocation``), so a request valid for the plan is valid for its arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dctms.schema.errors import DctmsError
+from dctms.schema.types import Plan
+
+
+@dataclass(frozen=True)
+class Request:
+    """A prompt, how many tokens to generate and where to stop, valid for ``plan``."""
+
+    plan: Plan
+    prompt: tuple[int, ...]
+    max_tokens: int
+    stop: frozenset[int]
+
+
+class PromptTooLong(DctmsError):
+    """A prompt longer than the plan's N."""
+
+
+def validate_request(
+    plan: Plan, prompt: Iterable[int], max_tokens: int, stop: Iterable[int] = ()
+) -> Request:
+    """Refuse, with one line naming the problem, a request the plan cannot serve: a batch plan, a
+    token count outside 1..M, an empty prompt or one longer than N, an id outside the vocabulary."""
+    return validate_requests(plan, [prompt], max_tokens, stop)[0]
+
+
+def validate_requests(
+    plan: Plan, prompts: Iterable[Iterable[int]], max_tokens: int, stop: Iterable[int] = ()
+) -> list[Request]:
+    """``validate_request`` for several prompts generating the same number of tokens."""
+    b = plan.bounds
+    if b.batch != 1:
+        raise DctmsError(f"this runner executes batch-1 plans; the plan has batch {b.batch}")
+    if max_tokens < 1:
+        raise DctmsError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if max_tokens > b.output_tokens:
+        raise DctmsError(
+            f"--max-tokens {max_tokens} exceeds the plan's M = {b.output_tokens}; "
+            "recompile with a larger -M"
+        )
+    stop = frozenset(stop)
+    requests = []
+    for prompt in prompts:
+        ids = tuple(prompt)
+        if not ids:
+            raise DctmsError("empty prompt: at least one token is needed")
+        if len(ids) > b.input_tokens:
+            raise PromptTooLong(
+                f"prompt has {len(ids)} tokens, the plan allows N = {b.input_tokens}; "
+                "recompile with a larger -N"
+            )
+        _check_ids(plan, ids)
+        requests.append(Request(plan, ids, max_tokens, stop))
+    return requests
+
+
+def _check_ids(plan: Plan, ids: tuple[int, ...]) -> None:
+    # Every id indexes the embedding: MLX's gather does not bounds-check (out of range is a
+    # segmentation fault or garbage, not an error).
+    vocab = plan.model.vocab_size
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or not 0 <= t < vocab:
+            raise DctmsError(
+                f"prompt token {i} is {t}, outside the model's vocabulary [0, {vocab}) "
+                "(wrong tokenizer or token ids?)"
+            )

@@ -1,0 +1,125 @@
+"""Verifier rules for what the runner relies on: the names it looks up, and the indices it feeds.
+
+The runner executes a plan by name: the phases "prefill" and "decode", the per-call inputs it makes
+(``RUNNER_INPUTS``), the ``next_token`` output it reads, and the KV state it allocates and threads
+from call to call. It bounds token ids by ``model.vocab_size`` and write positions by the plan's
+bounds; MLX does not bounds-check gathers or dynamic slice updates, so the shapes must hold them
+(``dctms.schema.access``). A plan that passes these rules cannot make the runner look up a name that
+is not there, nor index past an array the plan declares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dctms.schema.access import state_writes, token_gathers
+from dctms.schema.phase_index import PlanIndex
+
+Finding = tuple[str, str]
+
+# The per-call arrays the runner makes for each phase, by binding name.
+RUNNER_INPUTS = {
+    "prefill": ("tokens", "position", "last_index"),
+    "decode": ("tokens", "position"),
+}
+RESULT = "next_token"
+
+
+def runner_names(ix: PlanIndex) -> Iterator[Finding]:
+    """In a runnable plan (one with both the prefill and the decode phase: the runner refuses any
+    other, and a plan of one phase can still be inspected), those phases take exactly the inputs
+    the runner feeds, return ``next_token``, and read only KV state, which they also write back."""
+    plan = ix.plan
+    if not set(RUNNER_INPUTS) <= {p.name for p in plan.phases}:
+        return
+    kv = {s.name for s in plan.state if s.kind == "kv"}
+    for px in ix.phases:
+        phase = px.phase
+        fed = RUNNER_INPUTS.get(phase.name)
+        if fed is None:
+            continue  # not executed by the runner
+        given = [b.name for b in phase.inputs if b.kind == "input"]
+        for k, b in enumerate(phase.inputs):
+            where = f"{px.path}.inputs[{k}]"
+            if b.kind == "input" and b.name not in fed:
+                yield f"{where}.name", f"the runner feeds {phase.name} only {', '.join(fed)}"
+            if b.kind == "state" and b.name not in kv:
+                yield f"{where}.name", f"state {b.name!r} is not KV state (the runner allocates KV)"
+        for name in fed:
+            if name not in given:
+                yield f"{px.path}.inputs", f"no input binding named {name!r}"
+        results = [b.name for b in phase.outputs if b.kind == "output"]
+        if RESULT not in results:
+            yield f"{px.path}.outputs", f"no output binding named {RESULT!r}"
+        written = {b.name for b in phase.outputs if b.kind == "state"}
+        for k, b in enumerate(phase.inputs):
+            if b.kind == "state" and b.name not in written:
+                yield (
+                    f"{px.path}.inputs[{k}].name",
+                    f"state {b.name!r} is read but not written back by {phase.name}",
+                )
+        for k, b in enumerate(phase.outputs):
+            if b.kind == "state" and b.name not in {i.name for i in phase.inputs}:
+                yield f"{px.path}.outputs[{k}].name", f"state {b.name!r} is written but never read"
+    for px in ix.phases:
+        if px.phase.name == "prefill" and px.phase.tokens != plan.bounds.prefill_chunk:
+            yield (
+                f"{px.path}.tokens",
+                f"{px.phase.tokens}, but the runner feeds prefill_chunk = "
+                f"{plan.bounds.prefill_chunk} tokens per prefill call",
+            )
+        if px.phase.name == "decode" and px.phase.tokens != 1:
+            yield f"{px.path}.tokens", f"{px.phase.tokens}, but decode processes one token per call"
+
+
+def vocabulary(ix: PlanIndex) -> Iterator[Finding]:
+    """``model.vocab_size`` >= 1 and every weight gathered by token id has that many rows."""
+    plan = ix.plan
+    vocab = plan.model.vocab_size
+    if vocab < 1:
+        yield "$.model.vocab_size", f"must be >= 1, got {vocab}"
+        return
+    weights = {w.name: w for w in plan.model.weights.tensors}
+    for px in ix.phases:
+        for g in token_gathers(px.phase):
+            w = weights.get(g.weight)
+            if w is None:
+                continue  # the bindings rule reports it
+            rows = w.shape[g.axis] if 0 <= g.axis < len(w.shape) else 0
+            if rows < vocab:
+                yield (
+                    f"{px.op_path(g.op_position)}",
+                    f"gathers token ids from {g.weight} along axis {g.axis} of size {rows}, "
+                    f"smaller than model.vocab_size {vocab}",
+                )
+
+
+def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
+    """Every dynamic write into state is at the position input, writes at most the phase's tokens,
+    and lands in a state array that holds ``bounds.kv_capacity`` positions along its axis."""
+    plan = ix.plan
+    capacity = plan.bounds.kv_capacity
+    state = {s.name: s for s in plan.state}
+    for px in ix.phases:
+        writes, stray = state_writes(px.phase)
+        for s in stray:
+            yield (
+                px.op_path(s.op_position),
+                f"writes state {s.state!r} at an index that is not the position input",
+            )
+        for w in writes:
+            where = px.op_path(w.op_position)
+            if w.extent > px.phase.tokens:
+                yield where, (
+                    f"writes {w.extent} positions of {w.state!r} per call, "
+                    f"more than the phase's {px.phase.tokens} tokens"
+                )
+            target = state.get(w.state)
+            if target is None:
+                continue  # the bindings rule reports it
+            size = target.shape[w.axis] if w.axis < len(target.shape) else 0
+            if size < capacity:
+                yield where, (
+                    f"writes {w.state!r} along axis {w.axis} of size {size}, "
+                    f"smaller than bounds.kv_capacity {capacity}"
+                )

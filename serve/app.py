@@ -1,0 +1,309 @@
+"""The ASGI app (Starlette): OpenAI's /v1/models, /v1/completions, /v1/chat/completions, and the
+pool's memory figures at /status (JSON) and /metrics (Prometheus text)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import psutil
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from dctms.runner.session import Generation
+from dctms.serve.chat import encode_messages
+from dctms.serve.protocol import (
+    ApiError,
+    CompletionRequest,
+    chat_body,
+    chat_chunk,
+    check_bounds,
+    completion_body,
+    completion_chunk,
+    parse_request,
+    usage,
+    usage_chunk,
+)
+from dctms.serve.text import TextStream
+from dctms.serve.worker import Cancelled, Job, QueueFull, ServedModel, Worker
+
+
+class ServerState:
+    """What the handlers share: the worker, the pool's envelope (composed by the caller)."""
+
+    def __init__(self, worker: Worker, pool: dict):
+        self.worker = worker
+        self.pool = pool
+        self.started = time.time()
+        self.refused = 0
+        self.disconnected = 0
+        self._proc = psutil.Process()
+
+    def status(self) -> dict:
+        w = self.worker
+        peak = w.observed_peak()
+        provable = self.pool["provable"]
+        return {
+            "models": sorted(w.models),
+            "envelope": self.pool,
+            "envelope_provable_bytes": provable,
+            "envelope_total_bytes": self.pool["total"],
+            "observed_mlx_peak_bytes": peak,
+            "within_envelope": peak <= provable,
+            "active_bytes": w.active_memory(),
+            "rss_bytes": self._proc.memory_info().rss,
+            "queue_waiting": w.waiting,
+            "queue_running": w.running,
+            "queue_limit": w.max_queue,
+            "requests_finished": w.served,
+            "requests_refused": self.refused,
+            "clients_disconnected": self.disconnected,
+            "uptime_s": round(time.time() - self.started, 3),
+        }
+
+
+def build_app(worker: Worker, pool: dict) -> Starlette:
+    state = ServerState(worker, pool)
+
+    async def models(request: Request) -> Response:
+        data = [
+            {
+                "id": m.name,
+                "object": "model",
+                "created": int(state.started),
+                "owned_by": "dctms",
+                "max_prompt_tokens": m.max_prompt,
+                "max_output_tokens": m.max_tokens,
+                "m_max_bytes": m.plan.envelope.total,
+            }
+            for m in worker.models.values()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def status(request: Request) -> Response:
+        return JSONResponse(state.status())
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(prometheus(state.status()))
+
+    async def completions(request: Request) -> Response:
+        return await _complete(request, state, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await _complete(request, state, chat=True)
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/status", status, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        worker.stop()  # after the last connection closed: withdraw what is still queued
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.server = state
+    return app
+
+
+def _error(err: ApiError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if err.status == 503 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _complete(request: Request, state: ServerState, chat: bool) -> Response:
+    try:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ApiError(400, f"malformed JSON in the request body: {err}") from None
+        req = parse_request(body, chat)
+        served = state.worker.models.get(req.model)
+        if served is None:
+            names = ", ".join(sorted(state.worker.models))
+            raise ApiError(404, f"model {req.model!r} is not served here (served: {names})",
+                           "model")
+        prompt = _prompt_ids(served, req)
+        max_tokens = req.max_tokens if req.max_tokens is not None else served.max_tokens
+        check_bounds(req.model, len(prompt), max_tokens, served.max_prompt, served.max_tokens,
+                     served.plan.model.vocab_size, prompt)
+        call = _Call(state, served, req, prompt, max_tokens, chat)
+        call.submit()
+    except ApiError as err:
+        state.refused += 1
+        return _error(err)
+    if req.stream:
+        return StreamingResponse(call.sse(request), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return await call.respond(request)
+
+
+def _prompt_ids(served: ServedModel, req: CompletionRequest) -> list[int]:
+    if req.messages is not None:
+        return encode_messages(served.tokenizer, req.messages)
+    if isinstance(req.prompt, str):
+        return served.tokenizer.encode(req.prompt)
+    return list(req.prompt or [])
+
+
+class _Call:
+    """One request's trip through the worker: tokens arrive from its thread on an asyncio queue."""
+
+    def __init__(self, state: ServerState, served: ServedModel, req: CompletionRequest,
+                 prompt: list[int], max_tokens: int, chat: bool):
+        self.state, self.served, self.req = state, served, req
+        self.prompt, self.max_tokens, self.chat = prompt, max_tokens, chat
+        self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.job = Job(req.model, prompt, max_tokens, self._on_token, self._on_done)
+
+    def submit(self) -> None:
+        try:
+            self.state.worker.submit(self.job)
+        except QueueFull as err:
+            raise ApiError(503, f"server busy: {err}; retry later", None, "queue_full") from None
+        except Cancelled as err:
+            raise ApiError(503, str(err), None, "shutting_down") from None
+
+    # Called on the worker thread: hand over to the event loop (which may be gone at shutdown).
+    def _on_token(self, token: int) -> None:
+        self._post(("token", token))
+
+    def _on_done(self, gen: Generation | None, err: BaseException | None) -> None:
+        self._post(("done", gen, err))
+
+    def _post(self, event: tuple) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def _finish_reason(self, gen: Generation) -> str:
+        stopped = bool(gen.tokens) and gen.tokens[-1] in self.served.stop_ids
+        return "stop" if stopped else "length"
+
+    def _visible(self, gen: Generation) -> list[int]:
+        return [t for t in gen.tokens if t not in self.served.stop_ids]
+
+    async def _watch(self, request: Request) -> None:
+        """Withdraw the job when the client goes away (it is then never run, or ends at its
+        next token), so a vanished client costs the worker at most one step."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                self.job.cancelled.set()
+                self.state.disconnected += 1
+                return
+
+    async def respond(self, request: Request) -> Response:
+        watcher = asyncio.create_task(self._watch(request))
+        try:
+            while True:
+                event = await self.events.get()
+                if event[0] == "done":
+                    break
+        finally:
+            watcher.cancel()
+            self.job.cancelled.set()  # no-op when finished; withdraws it when this task is cancelled
+        _, gen, err = event
+        if err is not None:
+            return _error(_as_api_error(err))
+        visible = self._visible(gen)
+        text = self.served.tokenizer.decode(visible)
+        use = usage(len(self.prompt), len(gen.tokens))
+        ids = gen.tokens if self.req.return_token_ids else None
+        make = chat_body if self.chat else completion_body
+        return JSONResponse(make(self.rid, self.created, self.req.model, text,
+                                 self._finish_reason(gen), use, ids))
+
+    async def sse(self, request: Request) -> AsyncIterator[str]:
+        stream = TextStream(self.served.tokenizer.decode, self.served.stop_ids)
+        model, rid, created = self.req.model, self.rid, self.created
+        finished = False
+        try:
+            if self.chat:
+                yield _data(chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
+                                       None))
+            while True:
+                event = await self.events.get()
+                if event[0] == "token":
+                    piece = stream.push(event[1])
+                    if piece:
+                        yield _data(self._chunk(piece, None))
+                    continue
+                _, gen, err = event
+                finished = True
+                if err is not None:
+                    yield _data(_as_api_error(err).body())
+                    break
+                rest = stream.finish()
+                finish = self._finish_reason(gen)
+                if rest:
+                    yield _data(self._chunk(rest, None))
+                if self.chat:
+                    yield _data(chat_chunk(rid, created, model, {}, finish))
+                else:
+                    yield _data(completion_chunk(rid, created, model, "", finish))
+                if self.req.include_usage:
+                    use = usage(len(self.prompt), len(gen.tokens))
+                    yield _data(usage_chunk(rid, created, model, self.chat, use))
+                break
+            yield "data: [DONE]\n\n"
+        finally:
+            # Runs when the stream ends, and when the client disconnects (the generator is
+            # closed or cancelled): the worker then drops the job at its next token.
+            if not finished:
+                self.state.disconnected += 1
+            self.job.cancelled.set()
+
+    def _chunk(self, piece: str, finish: str | None) -> dict:
+        if self.chat:
+            return chat_chunk(self.rid, self.created, self.req.model, {"content": piece}, finish)
+        return completion_chunk(self.rid, self.created, self.req.model, piece, finish)
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _as_api_error(err: BaseException) -> ApiError:
+    if isinstance(err, ApiError):
+        return err
+    if isinstance(err, Cancelled):
+        return ApiError(503, f"request withdrawn: {err}", None, "cancelled")
+    return ApiError(500, f"generation failed: {err}", None, "generation_failed")
+
+
+def prometheus(status: dict) -> str:
+    gauges = [
+        ("dctms_envelope_provable_bytes", "pool envelope MLX's peak must stay within",
+         status["envelope_provable_bytes"]),
+        ("dctms_envelope_total_bytes", "pool M_max including the runtime allowance",
+         status["envelope_total_bytes"]),
+        ("dctms_observed_mlx_peak_bytes", "MLX peak memory since the server started",
+         status["observed_mlx_peak_bytes"]),
+        ("dctms_active_bytes", "MLX active memory now", status["active_bytes"]),
+        ("dctms_rss_bytes", "server process resident set size", status["rss_bytes"]),
+        ("dctms_queue_waiting", "requests waiting for the worker", status["queue_waiting"]),
+        ("dctms_queue_running", "requests the worker is running", status["queue_running"]),
+        ("dctms_requests_finished_total", "requests the worker finished",
+         status["requests_finished"]),
+        ("dctms_requests_refused_total", "requests refused before queueing",
+         status["requests_refused"]),
+    ]
+    lines = []
+    for name, help_text, value in gauges:
+        kind = "counter" if name.endswith("_total") else "gauge"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    return "\n".join(lines) + "\n"

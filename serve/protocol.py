@@ -1,0 +1,219 @@
+"""OpenAI's completion and chat-completion requests, checked against a plan's bounds; responses.
+
+Pure functions over plain data: a request body in, a ``CompletionRequest`` or an ``ApiError`` (HTTP
+status + OpenAI-style error body) out. Decoding is greedy, so a request asking for sampling is
+refused rather than silently answered greedily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code or {400: "invalid_request", 404: "model_not_found"}.get(status, "error")
+
+    def body(self) -> dict:
+        kind = {
+            400: "invalid_request_error",
+            404: "invalid_request_error",
+            503: "server_busy",
+        }.get(self.status, "server_error")
+        return {
+            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        }
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompt: str | list[int] | None  # /v1/completions: text or token ids
+    messages: list[dict] | None  # /v1/chat/completions
+    max_tokens: int | None  # None: the plan's M
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool  # extension: each choice also carries the generated token ids
+
+
+# Sampling parameters and the one value each may take under greedy decoding (None: absent).
+_GREEDY_ONLY: dict[str, tuple[Any, ...]] = {
+    "temperature": (None, 0, 0.0),
+    "top_p": (None, 1, 1.0),
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+}
+# Features this server does not have: refused when set to anything but "off".
+_UNSUPPORTED = ("stop", "logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "tools",
+                "tool_choice", "functions", "response_format")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_request(body: Any, chat: bool) -> CompletionRequest:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required (a string naming a served model)", "model")
+    for name, allowed in _GREEDY_ONLY.items():
+        value = body.get(name)
+        if value not in allowed or isinstance(value, bool):
+            raise ApiError(
+                400,
+                f"'{name}' = {value!r} is not supported: this server decodes greedily "
+                f"(allowed: {', '.join(repr(a) for a in allowed if a is not None)} or absent)",
+                name,
+            )
+    for name in _UNSUPPORTED:
+        if body.get(name) not in (None, False, 0, [], {}, ""):
+            raise ApiError(400, f"'{name}' is not supported by this server", name)
+    max_tokens = _max_tokens(body, chat)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be true or false", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    include_usage = bool(options.get("include_usage", False))
+    return_ids = body.get("return_token_ids", False)
+    if not isinstance(return_ids, bool):
+        raise ApiError(400, "'return_token_ids' must be true or false", "return_token_ids")
+    if chat:
+        return CompletionRequest(
+            model, None, _messages(body.get("messages")), max_tokens, stream, include_usage,
+            return_ids,
+        )
+    return CompletionRequest(
+        model, _prompt(body.get("prompt")), None, max_tokens, stream, include_usage, return_ids
+    )
+
+
+def _max_tokens(body: dict, chat: bool) -> int | None:
+    names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 1:
+            raise ApiError(400, f"'{name}' must be a positive integer, got {value!r}", name)
+        return value
+    return None
+
+
+def _prompt(prompt: Any) -> str | list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ApiError(400, "'prompt' is empty", "prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise ApiError(400, "one prompt per request: batches of prompts are not supported", "prompt")
+    raise ApiError(400, "'prompt' must be a non-empty string or a list of token ids", "prompt")
+
+
+def _messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}] must be an object with a 'role'", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise ApiError(
+                        400, f"messages[{i}]: only text content parts are supported", "messages"
+                    )
+                texts.append(str(part.get("text", "")))
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string", "messages")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def check_bounds(model: str, prompt_tokens: int, max_tokens: int, n: int, m: int,
+                 vocab: int, prompt: list[int]) -> None:
+    """The plan's N and M, and the vocabulary (an id outside it would index past the embedding)."""
+    if prompt_tokens < 1:
+        raise ApiError(400, "the prompt encodes to no tokens", "prompt")
+    if prompt_tokens > n:
+        raise ApiError(
+            400,
+            f"the prompt has {prompt_tokens} tokens, more than the plan bound N = {n} of model {model!r}",
+            "prompt",
+            "prompt_too_long",
+        )
+    if max_tokens > m:
+        raise ApiError(
+            400,
+            f"max_tokens {max_tokens} exceeds the plan bound M = {m} of model {model!r}",
+            "max_tokens",
+            "max_tokens_too_large",
+        )
+    for i, t in enumerate(prompt):
+        if t < 0 or (vocab and t >= vocab):
+            raise ApiError(
+                400, f"prompt token {i} is {t}, outside the vocabulary [0, {vocab})", "prompt"
+            )
+
+
+# ------------------------------------------------------------------------------- responses
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_body(rid: str, created: int, model: str, text: str, finish: str, use: dict,
+                    token_ids: list[int] | None) -> dict:
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [choice], "usage": use}
+
+
+def chat_body(rid: str, created: int, model: str, text: str, finish: str, use: dict,
+              token_ids: list[int] | None) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": text},
+              "finish_reason": finish, "logprobs": None}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [choice], "usage": use}
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+
+def usage_chunk(rid: str, created: int, model: str, chat: bool, use: dict) -> dict:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": [],
+            "usage": use}

@@ -1,0 +1,203 @@
+"""The one thread that touches MLX: it loads every plan's session, then runs requests one at a time.
+
+Serialising the MLX calls is what makes the pool's promise hold: a call's arena is free again when
+it returns, so one shared arena (the largest plan's) covers every model. Before each call the
+running session's memory limit is set to its own throttle limit plus what the other sessions hold
+(``foreign`` bytes), exactly as the benchmarks do when two systems share a process.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from dctms.runner.load import open_model_folder
+from dctms.runner.request import validate_request
+from dctms.runner.session import Generation, Session
+from dctms.runner.tokenize import Tokenizer
+from dctms.schema.errors import DctmsError
+from dctms.schema.types import Plan
+from dctms.serve.spec import PlanSpec
+
+
+class Cancelled(Exception):
+    """The request was withdrawn (client gone, or the server stopping) before it finished."""
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a request handler needs to know about a model without touching MLX."""
+
+    name: str
+    plan: Plan
+    tokenizer: Tokenizer
+
+    @property
+    def max_prompt(self) -> int:
+        return self.plan.bounds.input_tokens
+
+    @property
+    def max_tokens(self) -> int:
+        return self.plan.bounds.output_tokens
+
+    @property
+    def stop_ids(self) -> set[int]:
+        return self.tokenizer.eos_ids
+
+
+@dataclass
+class Job:
+    model: str
+    prompt: list[int]
+    max_tokens: int
+    # Both are called on the worker thread: every token as it is read, then the outcome once.
+    on_token: Callable[[int], None]
+    on_done: Callable[[Generation | None, BaseException | None], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+_STOP = object()
+
+
+class Worker:
+    def __init__(self, specs: list[tuple[PlanSpec, Plan]], max_queue: int = 64):
+        self._specs = specs
+        self.max_queue = max_queue
+        self.models: dict[str, ServedModel] = {}
+        self._sessions: dict[str, Session] = {}
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._current: Job | None = None
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self._load_peak = 0
+        self._stopping = False
+        self.served = 0  # requests finished (any outcome)
+        self._thread = threading.Thread(target=self._main, name="dctms-mlx", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle (any thread)
+
+    def start(self) -> None:
+        """Load every session on the worker thread; raises its first error (nothing served)."""
+        self._thread.start()
+        self._ready.wait()
+        if self._load_error is not None:
+            self._thread.join()
+            raise self._load_error
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Withdraw every queued request, end the running one at its next token, join."""
+        with self._lock:
+            self._stopping = True
+            current = self._current
+        if current is not None:
+            current.cancelled.set()
+        self._queue.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self._stopping:
+                raise Cancelled("the server is shutting down")
+            if self._waiting >= self.max_queue:
+                raise QueueFull(f"{self._waiting} requests are already waiting (--max-queue)")
+            self._waiting += 1
+        self._queue.put(job)
+
+    # ----------------------------------------------------------------------- figures (any thread)
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @property
+    def running(self) -> int:
+        return 0 if self._current is None else 1
+
+    def observed_peak(self) -> int:
+        """MLX's peak memory since the first session began loading (each Session resets MLX's
+        counter as it starts, so the peaks seen while loading are kept here)."""
+        return max(self._load_peak, mx.get_peak_memory())
+
+    def active_memory(self) -> int:
+        return mx.get_active_memory()
+
+    # -------------------------------------------------------------------- the worker thread
+
+    def _main(self) -> None:
+        try:
+            self._load()
+        except BaseException as err:  # reported to start(), which raises it in the caller
+            self._load_error = err
+            self._ready.set()
+            return
+        self._ready.set()
+        while True:
+            job = self._queue.get()
+            if job is _STOP:
+                break
+            with self._lock:
+                self._waiting -= 1
+                self._current = job
+                stopping = self._stopping
+            try:
+                if stopping or job.cancelled.is_set():
+                    raise Cancelled("withdrawn before it ran")
+                gen = self._run(job)
+            except BaseException as err:
+                job.on_done(None, err)
+            else:
+                job.on_done(gen, None)
+            finally:
+                with self._lock:
+                    self._current = None
+                    self.served += 1
+        self._drain()
+
+    def _load(self) -> None:
+        for spec, plan in self._specs:
+            folder = open_model_folder(spec.model_dir)
+            tokenizer = Tokenizer(folder.path)
+            self._sessions[spec.name] = Session(plan, folder)
+            self._load_peak = max(self._load_peak, mx.get_peak_memory())
+            self.models[spec.name] = ServedModel(spec.name, plan, tokenizer)
+        if not self._sessions:
+            raise DctmsError("no --plan given: nothing to serve")
+
+    def _run(self, job: Job) -> Generation:
+        session = self._sessions[job.model]
+        foreign = max(0, mx.get_active_memory() - session.held_bytes())
+        session.apply_limits(foreign)
+
+        def on_token(token: int) -> bool:
+            job.on_token(token)
+            return not job.cancelled.is_set()
+
+        # The HTTP layer answered a bad request with 400 already (protocol.py); this is the
+        # runner's own check, which Session.generate requires.
+        request = validate_request(
+            session.plan, job.prompt, job.max_tokens, self.models[job.model].stop_ids
+        )
+        gen = session.generate(request, on_token)
+        if job.cancelled.is_set():
+            raise Cancelled("withdrawn while it ran")
+        return gen
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not _STOP:
+                job.on_done(None, Cancelled("the server stopped"))

@@ -1,0 +1,209 @@
+"""Several plans in one process: their combined envelope (``dctms pool``, and ``dctms serve``'s
+start-up check).
+
+What each plan holds for the life of the process is *summed*: its weights, its KV cache (allocated at
+plan capacity) and its persistent state (constants, the per-call input arrays). What only exists
+while a call runs is *shared* when calls run one at a time: the arena of intermediates is freed at
+the end of every call, so the next call (of any plan) reuses those bytes and the pool needs only the
+largest arena; with ``concurrent`` calls can overlap, so the arenas are summed. The runtime
+allowance has two parts: the process baseline (interpreter, MLX, tokenizers), paid once per process
+whatever it serves, and MLX's buffer cache, a process-wide limit the runner sets to the running
+plan's arena when its plan counts allocator slack (so, like the arena, the largest when serial and
+the sum when concurrent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from dctms.schema.types import Plan
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class PoolMember:
+    name: str
+    weights: int
+    kv: int
+    persistent: int
+    intermediate: int
+    runtime: int  # the plan's own allowance (its process baseline + its buffer cache)
+    cache: int  # MLX buffer-cache limit the runner sets for this plan (0: cache off)
+    total: int  # the plan's own M_max
+
+    @property
+    def held(self) -> int:
+        """Bytes this plan keeps allocated between calls."""
+        return self.weights + self.kv + self.persistent
+
+    @property
+    def baseline(self) -> int:
+        """The runtime allowance less the buffer cache: the process the plan would run in."""
+        return self.runtime - self.cache
+
+
+@dataclass(frozen=True)
+class Pool:
+    members: tuple[PoolMember, ...]
+    concurrent: bool
+    budget: int | None
+
+    @property
+    def held(self) -> int:
+        return sum(m.held for m in self.members)
+
+    @property
+    def intermediate(self) -> int:
+        """The arena bytes: the largest (one call at a time) or the sum (concurrent)."""
+        sizes = [m.intermediate for m in self.members]
+        return sum(sizes) if self.concurrent else max(sizes, default=0)
+
+    @property
+    def cache(self) -> int:
+        sizes = [m.cache for m in self.members]
+        return sum(sizes) if self.concurrent else max(sizes, default=0)
+
+    @property
+    def baseline(self) -> int:
+        return max((m.baseline for m in self.members), default=0)
+
+    @property
+    def runtime(self) -> int:
+        return self.baseline + self.cache
+
+    @property
+    def provable(self) -> int:
+        """What MLX's peak memory must never exceed while the pool serves."""
+        return self.held + self.intermediate
+
+    @property
+    def total(self) -> int:
+        return self.provable + self.runtime
+
+    @property
+    def separate_total(self) -> int:
+        """The plans' M_max added up, as if each ran in its own process."""
+        return sum(m.total for m in self.members)
+
+    @property
+    def free(self) -> int | None:
+        return None if self.budget is None else self.budget - self.total
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or self.total <= self.budget
+
+    def prefix_that_fits(self) -> int:
+        """How many of the plans, taken in the order given, fit the budget together."""
+        if self.budget is None:
+            return len(self.members)
+        for k in range(len(self.members), 0, -1):
+            if compose(self.members[:k], self.concurrent, self.budget).fits:
+                return k
+        return 0
+
+
+def member(name: str, plan: Plan) -> PoolMember:
+    env = plan.envelope
+    cache = env.intermediate if plan.target.allocator_slack else 0
+    return PoolMember(
+        name=name,
+        weights=env.weights,
+        kv=env.kv,
+        persistent=env.persistent,
+        intermediate=env.intermediate,
+        runtime=env.runtime,
+        cache=cache,
+        total=env.total,
+    )
+
+
+def compose(members: tuple[PoolMember, ...] | list[PoolMember], concurrent: bool,
+            budget: int | None) -> Pool:
+    return Pool(tuple(members), concurrent, budget)
+
+
+def pool_of(named_plans: list[tuple[str, Plan]], concurrent: bool = False,
+            budget: int | None = None) -> Pool:
+    return compose([member(n, p) for n, p in named_plans], concurrent, budget)
+
+
+def explanation(pool: Pool) -> list[str]:
+    """What is shared and what is summed, and why (printed by ``dctms pool``, served by /status)."""
+    arena = (
+        "summed: calls may run at the same time, so every arena can be live at once"
+        if pool.concurrent
+        else "shared: one call at a time, and a call's arena is free when it returns, so the "
+        "largest arena serves every plan"
+    )
+    return [
+        "weights, KV cache, persistent: summed (every plan holds them for the life of the process)",
+        f"intermediate arena: {arena}",
+        "runtime: the process baseline once per process (the largest plan's), plus MLX's buffer "
+        "cache, a process-wide limit: " + ("summed" if pool.concurrent else "the largest"),
+    ]
+
+
+def pool_summary(pool: Pool) -> dict:
+    """Plain data for ``--json`` and the server's status endpoint."""
+    return {
+        "concurrent": pool.concurrent,
+        "plans": [dict(asdict(m), held=m.held) for m in pool.members],
+        "held": pool.held,
+        "intermediate": pool.intermediate,
+        "runtime": pool.runtime,
+        "runtime_baseline": pool.baseline,
+        "runtime_cache": pool.cache,
+        "provable": pool.provable,
+        "total": pool.total,
+        "separate_total": pool.separate_total,
+        "budget": pool.budget,
+        "free": pool.free,
+        "fits": pool.fits,
+        "plans_that_fit": pool.prefix_that_fits(),
+        "composition": explanation(pool),
+    }
+
+
+def pool_text(pool: Pool) -> str:
+    rows = [
+        f"{'plan':<20}{'weights':>12}{'KV':>12}{'persistent':>12}{'arena':>12}{'runtime':>12}"
+        f"{'own M_max':>12}  (MiB)"
+    ]
+    for m in pool.members:
+        rows.append(
+            f"{m.name[:19]:<20}{m.weights / MIB:>12.2f}{m.kv / MIB:>12.2f}"
+            f"{m.persistent / MIB:>12.2f}{m.intermediate / MIB:>12.2f}{m.runtime / MIB:>12.2f}"
+            f"{m.total / MIB:>12.2f}"
+        )
+    mode = "concurrent calls" if pool.concurrent else "one call at a time"
+    rows += ["", f"pool of {len(pool.members)} plan(s), {mode}:"]
+    rows += [f"  {line}" for line in explanation(pool)]
+    rows += [
+        "",
+        _line("held (weights + KV + persistent)", pool.held),
+        _line("intermediate arena", pool.intermediate),
+        _line("provable (MLX peak bound)", pool.provable),
+        _line("runtime allowance", pool.runtime),
+        _line("pool M_max", pool.total),
+        _line("separate processes (sum of M_max)", pool.separate_total),
+    ]
+    if pool.budget is not None:
+        rows.append(_line("budget", pool.budget))
+        free = pool.free or 0
+        if pool.fits:
+            rows.append(_line("free", free))
+            rows.append(f"all {len(pool.members)} plan(s) fit")
+        else:
+            k = pool.prefix_that_fits()
+            rows.append(_line("shortfall", -free))
+            first = ", ".join(m.name for m in pool.members[:k]) or "none"
+            rows.append(
+                f"does NOT fit: {-free:,} bytes short; the first {k} plan(s) fit together ({first})"
+            )
+    return "\n".join(rows) + "\n"
+
+
+def _line(label: str, value: int) -> str:
+    return f"{label:<36}{value:>18,} B{value / MIB:>14,.2f} MiB"

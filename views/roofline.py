@@ -1,0 +1,211 @@
+"""A plan on the roofline: per phase and op class, FLOPs, bytes moved and the time the target's peak
+figures allow; from those, the predicted time per decode token, TTFT and tok/s.
+
+Each op takes ``max(FLOPs / peak_flops, bytes / bandwidth)`` (its roofline time) and the ops of a
+phase run one after another, so a phase's time is the sum over its ops. That is a *lower bound* on a
+real run: dispatch overhead, cache effects and kernels below peak only add to it, which is what the
+predicted/measured ratio shows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dctms.schema.types import Phase, Plan, TargetProfile
+from dctms.views.op_costs import BYTE_KINDS, CLASSES, OpCost, phase_costs
+
+
+@dataclass
+class ClassRow:
+    """One op class of one phase."""
+
+    op_class: str
+    ops: int = 0
+    flops: float = 0.0
+    weights: int = 0
+    kv: int = 0
+    activations: int = 0
+    scratch: int = 0
+    seconds: float = 0.0  # sum of the ops' roofline times
+    memory_bound_ops: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return self.weights + self.kv + self.activations + self.scratch
+
+    @property
+    def intensity(self) -> float | None:
+        """FLOPs per byte moved (None when nothing is moved)."""
+        return self.flops / self.bytes if self.bytes else None
+
+    def bound(self, ridge: float) -> str:
+        if self.bytes == 0 and self.flops == 0:
+            return "-"
+        intensity = self.intensity
+        return "memory" if intensity is not None and intensity < ridge else "compute"
+
+    def add(self, cost: OpCost, seconds: float, memory_bound: bool) -> None:
+        self.ops += 1
+        self.flops += cost.flops
+        for kind in BYTE_KINDS:
+            setattr(self, kind, getattr(self, kind) + getattr(cost, kind))
+        self.seconds += seconds
+        self.memory_bound_ops += memory_bound
+
+
+@dataclass
+class PhaseRoofline:
+    name: str
+    tokens: int  # tokens per call
+    rows: list[ClassRow]  # op classes present, in CLASSES order
+    total: ClassRow = field(default_factory=lambda: ClassRow("total"))
+
+    @property
+    def seconds(self) -> float:
+        """Roofline time of one call of the phase."""
+        return self.total.seconds
+
+
+@dataclass
+class Roofline:
+    profile: TargetProfile
+    batch: int
+    phases: list[PhaseRoofline]
+    prompt_tokens: int
+    prefill_calls: list[tuple[str, int]]  # (phase, calls) that a prompt of prompt_tokens takes
+    ttft_s: float
+    decode_s: float  # one decode call (batch sequences, one token each)
+
+    @property
+    def ridge(self) -> float:
+        return ridge_point(self.profile)
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens per second per sequence at the roofline."""
+        return 1.0 / self.decode_s if self.decode_s > 0 else None
+
+    def phase(self, name: str) -> PhaseRoofline:
+        return next(p for p in self.phases if p.name == name)
+
+
+def ridge_point(profile: TargetProfile) -> float:
+    """FLOPs per byte above which an op is compute-bound on ``profile``."""
+    return profile.peak_flops / profile.bandwidth_bytes_per_s
+
+
+def op_seconds(cost: OpCost, profile: TargetProfile) -> float:
+    compute = cost.flops / profile.peak_flops if profile.peak_flops > 0 else 0.0
+    memory = (
+        cost.bytes / profile.bandwidth_bytes_per_s if profile.bandwidth_bytes_per_s > 0 else 0.0
+    )
+    return max(compute, memory)
+
+
+def phase_roofline(phase: Phase, profile: TargetProfile) -> PhaseRoofline:
+    ridge = ridge_point(profile)
+    rows = {c: ClassRow(c) for c in CLASSES}
+    total = ClassRow("total")
+    for cost in phase_costs(phase):
+        seconds = op_seconds(cost, profile)
+        bound = cost.bytes > 0 and cost.flops / cost.bytes < ridge
+        rows[cost.op_class].add(cost, seconds, bound)
+        total.add(cost, seconds, bound)
+    return PhaseRoofline(phase.name, phase.tokens, [r for r in rows.values() if r.ops], total)
+
+
+def prefill_phases(plan: Plan) -> list[Phase]:
+    """The phases that take prompt tokens: every phase but decode (the runner feeds the prompt
+    through them), largest first."""
+    return sorted((p for p in plan.phases if p.name != "decode"), key=lambda p: -p.tokens)
+
+
+def prefill_calls(plan: Plan, prompt_tokens: int) -> list[tuple[str, int]]:
+    """How the runner covers a prompt: full calls of the largest prefill phase, then the remainder
+    with the smallest phase that holds it (one padded call). With a single prefill phase this is
+    ``ceil(P / prefill_chunk)`` calls of it."""
+    phases = prefill_phases(plan)
+    if not phases or prompt_tokens <= 0:
+        return []
+    largest = phases[0]
+    full, rest = divmod(prompt_tokens, largest.tokens)
+    calls: dict[str, int] = {}
+    if full:
+        calls[largest.name] = full
+    if rest:
+        tail = min((p for p in phases if p.tokens >= rest), key=lambda p: p.tokens)
+        calls[tail.name] = calls.get(tail.name, 0) + 1
+    return list(calls.items())
+
+
+def plan_roofline(
+    plan: Plan, profile: TargetProfile | None = None, prompt_tokens: int | None = None
+) -> Roofline:
+    """The plan on ``profile`` (default: the plan's own target profile); TTFT for a prompt of
+    ``prompt_tokens`` (default: the plan's N)."""
+    profile = profile or plan.target.profile
+    prompt = plan.bounds.input_tokens if prompt_tokens is None else prompt_tokens
+    phases = [phase_roofline(p, profile) for p in plan.phases]
+    by_name = {p.name: p for p in phases}
+    calls = prefill_calls(plan, prompt)
+    ttft = math.fsum(by_name[name].seconds * n for name, n in calls)
+    decode = by_name["decode"].seconds if "decode" in by_name else 0.0
+    return Roofline(profile, plan.bounds.batch, phases, prompt, calls, ttft, decode)
+
+
+def roofline_summary(roof: Roofline) -> dict:
+    """The headline figures, JSON-ready (what ``dctms roofline``, ``fit`` and the TUI show)."""
+    decode = next((p for p in roof.phases if p.name == "decode"), None)
+    return {
+        "profile": roof.profile.name,
+        "ridge_flops_per_byte": roof.ridge,
+        "prompt_tokens": roof.prompt_tokens,
+        "ttft_s": roof.ttft_s,
+        "decode_s_per_token": roof.decode_s,
+        "decode_tokens_per_s": roof.decode_tokens_per_s,
+        "decode_bound": decode.total.bound(roof.ridge) if decode else None,
+        "decode_bytes": decode.total.bytes if decode else None,
+    }
+
+
+def _row_doc(row: ClassRow, ridge: float) -> dict:
+    return {
+        "op_class": row.op_class,
+        "ops": row.ops,
+        "flops": row.flops,
+        "bytes": {kind: getattr(row, kind) for kind in BYTE_KINDS} | {"total": row.bytes},
+        "intensity_flops_per_byte": row.intensity,
+        "bound": row.bound(ridge),
+        "memory_bound_ops": row.memory_bound_ops,
+        "seconds": row.seconds,
+    }
+
+
+def roofline_doc(roof: Roofline) -> dict:
+    """Everything ``dctms roofline --json`` prints."""
+    p = roof.profile
+    return {
+        "format": "dctms-roofline/1",
+        "profile": {
+            "name": p.name,
+            "peak_flops": p.peak_flops,
+            "peak_flops_source": p.peak_flops_source,
+            "bandwidth_bytes_per_s": p.bandwidth_bytes_per_s,
+            "bandwidth_source": p.bandwidth_source,
+            "ridge_flops_per_byte": roof.ridge,
+        },
+        "batch": roof.batch,
+        "phases": [
+            {
+                "name": ph.name,
+                "tokens_per_call": ph.tokens,
+                "seconds_per_call": ph.seconds,
+                "classes": [_row_doc(r, roof.ridge) for r in ph.rows],
+                "total": _row_doc(ph.total, roof.ridge),
+            }
+            for ph in roof.phases
+        ],
+        "prefill_calls": [{"phase": name, "calls": n} for name, n in roof.prefill_calls],
+        "summary": roofline_summary(roof),
+    }
