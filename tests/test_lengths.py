@@ -138,7 +138,8 @@ def test_compiled_phases_carry_verified_points(model) -> None:
     phases = {p.name: p for p in plan.phases}
     window = plan.bounds.kv_capacity - 1
     prefill, decode = phases["prefill"].lengths, phases["decode"].lengths
-    assert prefill.names == ["tokens", "window"] and prefill.bound == [CHUNK, window]
+    # prefill attends at most over the padded prompt (3 chunks of 16), decode over N + M
+    assert prefill.names == ["tokens", "window"] and prefill.bound == [CHUNK, 48]
     assert decode.names == ["window"] and decode.bound == [window]
     assert [16, 16] in prefill.points and [16, 32] in prefill.points  # chunks 1 and 2
     assert [32] in decode.points and [window] in decode.points

@@ -7,6 +7,7 @@ Phases are looked up by name ("prefill", "decode"), never by position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -211,11 +212,13 @@ def trace_source(
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
     tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
-    prefill, decode = tracer.prefill(chunk, window), tracer.decode(window)
+    # Prefill never attends beyond the padded prompt; decode up to N + M.
+    prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
+    prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
     traced = tracer.traced([prefill, decode])
     fits = {}
     for name, found in (
-        ("prefill", _fit_prefill(tracer, prefill, chunk, window)),
+        ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
         ("decode", _fit_decode(tracer, decode, window)),
     ):
         if isinstance(found, str):
