@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-quick lint plans bench setup clean
+.PHONY: demo serve-demo test test-quick lint plans bench setup clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,12 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/dctms demo
+
+# The demo model behind an OpenAI-compatible server on http://127.0.0.1:8000 (Ctrl-C stops).
+DEMO_DIR = $${XDG_CACHE_HOME:-$$HOME/.cache}/dctms/demo-qwen2
+serve-demo: $(STAMP)
+	$(BIN)/dctms demo > /dev/null
+	$(BIN)/dctms serve --plan demo=$(DEMO_DIR)/demo.plan=$(DEMO_DIR)
 
 test: $(STAMP)
 	$(BIN)/ruff check .

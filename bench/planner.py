@@ -27,16 +27,16 @@ PAPER_LOGICAL, PAPER_PHYSICAL = 448, 122
 def bench_plans(repeat: int) -> None:
     import mlx_lm.utils  # noqa: F401  (import cost is not compile cost)
 
+    from dctms.schema.model_folder import open_model
     from dctms.schema.sizes import align_up, is_arena_tenant
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
 
     print(
         f"{'plan':<34}{'compile s':>10}{'logical':>9}{'buffers':>9}{'reduction':>11}"
         f"{'arena/LB':>10}{'arena/no-reuse':>16}{'arena/colouring':>17}"
     )
     for config in sorted((ROOT / "plans/configs").glob("*.json")):
-        src = load_source(config)
+        src = open_model(config)
         times = []
         for _ in range(repeat):
             t0 = time.perf_counter()

@@ -47,8 +47,8 @@ def model_config(hidden: int, layers: int, vocab: int) -> dict:
 def prepare(args: argparse.Namespace) -> tuple[Path, Path]:
     """The model folder (built when missing or of another config) and its compiled plan."""
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     config = model_config(args.hidden, args.layers, args.vocab)
@@ -60,7 +60,7 @@ def prepare(args: argparse.Namespace) -> tuple[Path, Path]:
     if current != config or not (folder / "model.safetensors").is_file():
         print(f"building the random-weight model in {folder}", file=sys.stderr)
         write_tiny_model(folder, config, seed=0, tokenizer=False)
-    plan = compile_plan(load_source(folder), CompileOptions(args.N, args.max_tokens))
+    plan = compile_plan(open_model(folder), CompileOptions(args.N, args.max_tokens))
     plan_path = folder / f"n{args.N}-m{args.max_tokens}.plan"
     write_plan(plan, plan_path)
     return folder, plan_path

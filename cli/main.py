@@ -24,6 +24,7 @@ COMMANDS = [
     "pool",
     "serve",
     "roofline",
+    "convert-gguf",
 ]
 
 # The commands that compute with MLX: started with an optimised BLAS when MLX carries the
@@ -40,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"dctms.cli.commands.{name}")
+            module = importlib.import_module(f"dctms.cli.commands.{name.replace('-', '_')}")
         except ModuleNotFoundError as err:
-            if err.name == f"dctms.cli.commands.{name}":
+            if err.name == f"dctms.cli.commands.{name.replace('-', '_')}":
                 continue  # command not built yet
             raise
         module.register(sub)

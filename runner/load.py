@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 
-from dctms.runner.primitives import SUPPORTED
+from dctms.runner.primitives import SUPPORTED, dtype_from_name
 from dctms.schema.errors import DctmsError
-from dctms.schema.fingerprint import (
-    canonical_config_sha256,
-    file_sha256,
-    read_config,
-    weights_from_headers,
-)
+from dctms.schema.fingerprint import canonical_config_sha256, file_sha256
 from dctms.schema.io import read_plan
+from dctms.schema.model_folder import ModelFolder
 from dctms.schema.rules_runner import RUNNER_INPUTS
 from dctms.schema.types import Plan
-
-
-@dataclass(frozen=True)
-class ModelFolder:
-    path: Path
-    config: dict
-    weight_files: tuple[Path, ...]
 
 
 def load_checked_plan(path: str | Path) -> Plan:
@@ -70,17 +58,6 @@ def configure_mlx(plan: Plan) -> None:
     mx.set_default_device(mx.gpu if plan.target.backend == "gpu" else mx.cpu)
 
 
-def open_model_folder(path: str | Path) -> ModelFolder:
-    folder = Path(path)
-    if not folder.is_dir():
-        raise DctmsError(f"{folder}: model folder not found")
-    config = read_config(folder / "config.json")
-    files = tuple(sorted(folder.glob("model*.safetensors")))
-    if not files:
-        raise DctmsError(f"{folder}: no model*.safetensors weights")
-    return ModelFolder(folder, config, files)
-
-
 def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = False) -> None:
     """Config hash, then every weight's name, shape and dtype (and sha256 with ``verify_hashes``).
 
@@ -90,7 +67,7 @@ def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = Fals
             f"{model.path}/config.json differs from the config the plan was compiled for "
             f"(sha256 {canonical_config_sha256(model.config)[:12]} vs {plan.model.config_sha256[:12]})"
         )
-    have = {h.name: h for h in weights_from_headers(model.weight_files)}
+    have = {h.name: h for h in model.headers()}
     want = {w.name: w for w in plan.model.weights.tensors}
     for name in sorted(set(have) | set(want)):
         if name not in have:
@@ -98,10 +75,11 @@ def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = Fals
         if name not in want:
             raise DctmsError(f"{model.path}: weight {name} is not in the plan")
         h, w = have[name], want[name]
-        if list(h.shape) != list(w.shape) or h.dtype != w.dtype:
+        stored = w.stored_dtype or w.dtype
+        if list(h.shape) != list(w.shape) or h.dtype != stored:
             raise DctmsError(
                 f"{model.path}: weight {name} is {h.dtype}{list(h.shape)}, "
-                f"the plan has {w.dtype}{list(w.shape)}"
+                f"the plan has {stored}{list(w.shape)}"
             )
     if verify_hashes:
         recorded = plan.model.weights.files_sha256
@@ -113,12 +91,25 @@ def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = Fals
                 raise DctmsError(f"{f}: sha256 {digest[:12]} differs from the plan's")
 
 
-def load_weights(model: ModelFolder) -> dict[str, mx.array]:
+def load_weights(model: ModelFolder, plan: Plan) -> dict[str, mx.array]:
+    """Every weight, resident in the plan's dtype: a weight the plan casts (``compile --dtype``) is
+    cast one tensor at a time, so at most one stored copy exists beside the resident ones."""
+    cast = {
+        w.name: dtype_from_name(w.dtype)
+        for w in plan.model.weights.tensors
+        if w.stored_dtype is not None
+    }
     weights: dict[str, mx.array] = {}
     for f in model.weight_files:
         try:
-            weights.update(mx.load(str(f)))
+            loaded = mx.load(str(f))
         except (RuntimeError, ValueError, OSError) as err:
             raise DctmsError(f"{f}: cannot load weights: {err}") from None
+        for name in list(loaded):
+            array = loaded.pop(name)
+            if name in cast:
+                array = array.astype(cast[name])
+                mx.eval(array)
+            weights[name] = array
     mx.eval(list(weights.values()))
     return weights

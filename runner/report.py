@@ -21,10 +21,12 @@ def build_report(
     rss_peak: int,
     rss_series: list[tuple[float, int]],
     text: str | None,
+    prompt: list[int] | None = None,
 ) -> dict:
     provable = plan.envelope.provable
     lat = gen.token_latencies_s
     return {
+        "prompt_tokens": prompt,
         "tokens": gen.tokens,
         "text": text,
         "ttft_s": gen.ttft_s,

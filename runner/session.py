@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from dctms.runner.execute import PhaseProgram
-from dctms.runner.load import ModelFolder, check_fingerprint, configure_mlx, load_weights
+from dctms.runner.load import check_fingerprint, configure_mlx, load_weights
 from dctms.runner.primitives import dtype_from_name
 from dctms.runner.request import Request
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
+from dctms.schema.model_folder import ModelFolder
 from dctms.schema.types import Plan, Scratch
 
 
@@ -117,7 +118,7 @@ class Session:
         configure_mlx(plan)
         self.apply_limits()
         mx.reset_peak_memory()
-        self.weights = load_weights(model)
+        self.weights = load_weights(model, self.plan)
         self.state = {
             s.name: mx.zeros(s.shape, dtype=dtype_from_name(s.dtype))
             for s in plan.state

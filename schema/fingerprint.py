@@ -32,6 +32,11 @@ _SAFETENSORS_DTYPES = {
     "F64": "float64",
 }
 
+_ITEMSIZE = {
+    "bool": 1, "uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "float16": 2, "bfloat16": 2,
+    "uint32": 4, "int32": 4, "float32": 4, "uint64": 8, "int64": 8, "float64": 8,
+}
+
 # The largest safetensors header we accept; real ones are well under a megabyte.
 _MAX_HEADER = 100 * 2**20
 
@@ -84,20 +89,22 @@ def read_safetensors_header(path: Path) -> list[HeaderTensor]:
             if n > _MAX_HEADER:
                 raise DctmsError(f"{path}: not a safetensors file (header of {n} bytes)")
             header = json.loads(f.read(n))
+            size = f.seek(0, 2)
     except OSError as err:
         raise DctmsError(f"{path}: cannot read: {err.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise DctmsError(f"{path}: not a safetensors file (bad header)") from None
     if not isinstance(header, dict):
         raise DctmsError(f"{path}: not a safetensors file (header is not a JSON object)")
+    data_bytes = size - 8 - n
     return [
-        _header_tensor(path, name, entry)
+        _header_tensor(path, name, entry, data_bytes)
         for name, entry in sorted(header.items())
         if name != "__metadata__"
     ]
 
 
-def _header_tensor(path: Path, name: str, entry: object) -> HeaderTensor:
+def _header_tensor(path: Path, name: str, entry: object, data_bytes: int) -> HeaderTensor:
     """One header entry, checked: a malformed entry is a one-line error, never a traceback."""
     bad = DctmsError(f"{path}: not a safetensors file (bad entry for tensor {name})")
     if not isinstance(entry, dict):
@@ -115,14 +122,20 @@ def _header_tensor(path: Path, name: str, entry: object) -> HeaderTensor:
         and 0 <= offsets[0] <= offsets[1]
     ):
         raise bad
+    numel = 1
+    for d in shape:
+        numel *= d
+    if offsets[1] - offsets[0] != numel * _ITEMSIZE[dtype]:
+        raise DctmsError(
+            f"{path}: tensor {name} has {offsets[1] - offsets[0]} bytes of data, "
+            f"its shape {shape} and dtype {dtype} need {numel * _ITEMSIZE[dtype]}"
+        )
+    if offsets[1] > data_bytes:
+        raise DctmsError(
+            f"{path}: tensor {name} ends at byte {offsets[1]} of the data, "
+            f"the file holds {data_bytes} (truncated or bad offsets)"
+        )
     return HeaderTensor(name, tuple(shape), dtype, offsets[1] - offsets[0], path.name)
-
-
-def weights_from_headers(files: tuple[Path, ...]) -> list[HeaderTensor]:
-    tensors: list[HeaderTensor] = []
-    for f in files:
-        tensors.extend(read_safetensors_header(f))
-    return sorted(tensors, key=lambda t: t.name)
 
 
 def file_sha256(path: Path) -> str:

@@ -42,6 +42,11 @@ def dtype_known(ix: PlanIndex) -> Iterator[Finding]:
         (f"$.model.weights.tensors[{i}].dtype", w.dtype)
         for i, w in enumerate(plan.model.weights.tensors)
     ]
+    named += [
+        (f"$.model.weights.tensors[{i}].stored_dtype", w.stored_dtype)
+        for i, w in enumerate(plan.model.weights.tensors)
+        if w.stored_dtype is not None
+    ]
     named += [(f"$.state[{i}].dtype", s.dtype) for i, s in enumerate(plan.state)]
     for px in ix.phases:
         for field in ("inputs", "outputs", "constants", "tensors"):

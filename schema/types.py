@@ -82,8 +82,10 @@ class Quantization(_Base):
 class WeightTensor(_Base):
     name: Name
     shape: Shape
-    dtype: Name
+    dtype: Name  # as resident in memory (what ``bytes`` counts)
     bytes: ByteCount
+    # As stored in the safetensors file, when the plan casts it at load (``compile --dtype``).
+    stored_dtype: Name | None = None
 
 
 class Weights(_Base):

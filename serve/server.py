@@ -3,8 +3,10 @@ for an ephemeral one), then let uvicorn serve the app until Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
+import threading
 
 from dctms.schema.errors import DctmsError
 
@@ -45,4 +47,17 @@ def run(app, sock: socket.socket, log_level: str = "warning") -> None:
     host, port = sock.getsockname()[:2]
     print(f"dctms serve: listening on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr,
           flush=True)
-    server.run(sockets=[sock])
+    # uvicorn shuts down gracefully on SIGINT and SIGTERM, then re-raises the signal under the
+    # handler that was there before it: make SIGTERM's, like SIGINT's, a KeyboardInterrupt, so the
+    # command ends the same clean way (exit 0) instead of being killed by the re-raised signal.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

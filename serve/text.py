@@ -9,12 +9,13 @@ The concatenation of the pieces is exactly ``decode(all tokens)``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 
 class TextStream:
-    def __init__(self, decode: Callable[[list[int]], str], hidden: set[int] | None = None):
+    def __init__(self, decode: Callable[[list[int]], str], hidden: AbstractSet[int] = frozenset()):
         self._decode = decode
-        self._hidden = hidden or set()  # e.g. the stop token: generated, never shown
+        self._hidden = hidden  # e.g. the stop token: generated, never shown
         self._ids: list[int] = []
         self._sent = 0
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from dctms.runner.load import open_model_folder
 from dctms.runner.request import validate_request
 from dctms.runner.session import Generation, Session
 from dctms.runner.tokenize import Tokenizer
 from dctms.schema.errors import DctmsError
+from dctms.schema.model_folder import open_model_folder
 from dctms.schema.types import Plan
 from dctms.serve.spec import PlanSpec
 
@@ -39,6 +39,7 @@ class ServedModel:
     name: str
     plan: Plan
     tokenizer: Tokenizer
+    stop_ids: frozenset[int]  # end-of-sequence ids: generation stops there, the text omits them
 
     @property
     def max_prompt(self) -> int:
@@ -47,10 +48,6 @@ class ServedModel:
     @property
     def max_tokens(self) -> int:
         return self.plan.bounds.output_tokens
-
-    @property
-    def stop_ids(self) -> set[int]:
-        return self.tokenizer.eos_ids
 
 
 @dataclass
@@ -170,7 +167,8 @@ class Worker:
             tokenizer = Tokenizer(folder.path)
             self._sessions[spec.name] = Session(plan, folder)
             self._load_peak = max(self._load_peak, mx.get_peak_memory())
-            self.models[spec.name] = ServedModel(spec.name, plan, tokenizer)
+            stop = frozenset(tokenizer.eos_ids)
+            self.models[spec.name] = ServedModel(spec.name, plan, tokenizer, stop)
         if not self._sessions:
             raise DctmsError("no --plan given: nothing to serve")
 

@@ -36,15 +36,15 @@ class TinyServed:
 
 def build_tiny_models(root: Path) -> dict[str, TinyServed]:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     out = {}
     for name, (config, seed, n, m) in TINY_MODELS.items():
         folder = root / name
         write_tiny_model(folder, config, seed=seed)
-        plan = compile_plan(load_source(folder), CompileOptions(n, m, prefill_chunk=16))
+        plan = compile_plan(open_model(folder), CompileOptions(n, m, prefill_chunk=16))
         write_plan(plan, folder / f"{name}.plan")
         out[name] = TinyServed(name, folder / f"{name}.plan", folder, n, m)
     return out
@@ -93,9 +93,9 @@ class ServerProcess:
         with urllib.request.urlopen(self.url + "/status", timeout=30) as r:
             return json.loads(r.read())
 
-    def interrupt(self, timeout_s: float = 30.0) -> int:
-        """Ctrl-C (SIGINT) and wait for the process to end; its exit status."""
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> int:
+        """Ctrl-C (SIGINT, or ``sig``) and wait for the process to end; its exit status."""
+        self.proc.send_signal(sig)
         return self.proc.wait(timeout_s)
 
     def close(self) -> None:

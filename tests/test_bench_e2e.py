@@ -13,8 +13,8 @@ from dctms.benchmark import systems as systems_mod
 from dctms.benchmark.prompts import default_prompts_file, load_prompts
 from dctms.cli.main import main
 from dctms.schema.io import write_plan
+from dctms.schema.model_folder import open_model
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.model_source import load_source
 from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model
 
 SMALL = dict(
@@ -33,7 +33,7 @@ def bench_model(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("bench-model")
     folder = write_tiny_model(root / "model", SMALL)
     plan = compile_plan(
-        load_source(folder), CompileOptions(input_tokens=2048, output_tokens=8, prefill_chunk=256)
+        open_model(folder), CompileOptions(input_tokens=2048, output_tokens=8, prefill_chunk=256)
     )
     plan_path = root / "bench.plan"
     write_plan(plan, plan_path)
@@ -149,7 +149,7 @@ def test_interrupt_without_tokenizer_exits_130_with_partial_result(
 def test_refusals_before_loading(bench_model, tmp_path: Path, capsys):
     folder, _ = bench_model
     small = compile_plan(
-        load_source(folder), CompileOptions(input_tokens=128, output_tokens=8, prefill_chunk=32)
+        open_model(folder), CompileOptions(input_tokens=128, output_tokens=8, prefill_chunk=32)
     )
     plan = tmp_path / "n128.plan"
     write_plan(small, plan)

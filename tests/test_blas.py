@@ -172,14 +172,14 @@ def test_a_bad_switch_value_is_one_line_and_exit_2(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> tuple[Path, Path]:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     folder = tmp_path_factory.mktemp("blas-model")
     write_tiny_model(folder, dict(TINY_QWEN2))
     plan = folder / "model.plan"
-    write_plan(compile_plan(load_source(folder), CompileOptions(16, 4, prefill_chunk=8)), plan)
+    write_plan(compile_plan(open_model(folder), CompileOptions(16, 4, prefill_chunk=8)), plan)
     return plan, folder
 
 

@@ -13,9 +13,9 @@ import pytest
 from mlx.utils import tree_flatten, tree_map
 
 from dctms.schema.errors import DctmsError
+from dctms.schema.model_folder import open_model
 from dctms.schema.verify import verify_plan
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.model_source import load_source
 
 BASE = {
     "hidden_size": 128,
@@ -115,7 +115,7 @@ def test_envelope_is_exact(tmp_path: Path, family: str, dtype: str, quantized: b
     cfg = _config(family, dtype, quantized)
     n, m, chunk, batch = 100, 60, 32, 1
     plan = compile_plan(
-        load_source(_write(tmp_path, cfg)), CompileOptions(n, m, batch=batch, prefill_chunk=chunk)
+        open_model(_write(tmp_path, cfg)), CompileOptions(n, m, batch=batch, prefill_chunk=chunk)
     )
     assert verify_plan(plan) == []
     # N + M (or the padded prompt) plus the spare position that keeps every window a proper slice
@@ -141,7 +141,7 @@ def test_envelope_is_exact(tmp_path: Path, family: str, dtype: str, quantized: b
 
 def test_batch_scales_the_cache(tmp_path: Path) -> None:
     cfg = _config("qwen2", "bfloat16", False)
-    src = load_source(_write(tmp_path, cfg))
+    src = open_model(_write(tmp_path, cfg))
     one = compile_plan(src, CompileOptions(64, 32, batch=1, prefill_chunk=32))
     two = compile_plan(src, CompileOptions(64, 32, batch=2, prefill_chunk=32))
     assert two.envelope.kv == 2 * one.envelope.kv == _kv_bytes(cfg, 97, 2, batch=2)
@@ -151,7 +151,7 @@ def test_batch_scales_the_cache(tmp_path: Path) -> None:
 def test_padded_last_chunk_widens_the_cache(tmp_path: Path) -> None:
     # N = 100 in chunks of 64 pads to 128 positions, more than N + M = 110 (+ 1 spare).
     plan = compile_plan(
-        load_source(_write(tmp_path, _config("qwen2", "float32", False))),
+        open_model(_write(tmp_path, _config("qwen2", "float32", False))),
         CompileOptions(100, 10, prefill_chunk=64),
     )
     assert plan.bounds.kv_capacity == 129
@@ -163,7 +163,7 @@ def test_weights_from_safetensors_headers(tmp_path: Path) -> None:
 
     cfg = _config("llama", "float16", True)
     folder = write_tiny_model(tmp_path / "m", cfg)
-    plan = compile_plan(load_source(folder), CompileOptions(32, 16, prefill_chunk=16))
+    plan = compile_plan(open_model(folder), CompileOptions(32, 16, prefill_chunk=16))
     stored = 0
     for f in folder.glob("model*.safetensors"):
         raw = f.read_bytes()
@@ -226,7 +226,7 @@ def test_unsupported_families_exit_2(tmp_path: Path, config: dict, needle: str) 
 
 
 def test_bad_options_are_refused(tmp_path: Path) -> None:
-    src = load_source(_write(tmp_path, _config("qwen2", "float32", False)))
+    src = open_model(_write(tmp_path, _config("qwen2", "float32", False)))
     for opts, needle in [
         (CompileOptions(0, 8), "input tokens"),
         (CompileOptions(8, 0), "output tokens"),
@@ -239,15 +239,15 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
 
 def test_missing_and_malformed_models(tmp_path: Path) -> None:
     with pytest.raises(DctmsError, match="no such file"):
-        load_source(tmp_path / "absent")
+        open_model(tmp_path / "absent")
     with pytest.raises(DctmsError, match="no config.json"):
-        load_source(tmp_path)
+        open_model(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(DctmsError, match="not valid JSON"):
-        load_source(tmp_path)
+        open_model(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(DctmsError, match="model_type"):
-        load_source(tmp_path)
+        open_model(tmp_path)
 
 
 def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> None:
@@ -257,7 +257,7 @@ def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> Non
     folder = write_tiny_model(tmp_path / "m", cfg, tokenizer=False)
     (folder / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 384}))
     with pytest.raises(DctmsError, match="mlp"):
-        compile_plan(load_source(folder), CompileOptions(16, 8))
+        compile_plan(open_model(folder), CompileOptions(16, 8))
 
 
 def test_bad_memory_size_is_one_line(tmp_path: Path) -> None:

@@ -109,8 +109,8 @@ _RESULTS: list[dict] = []
 def built(tmp_path_factory):
     """name -> (folder, plan path, mlx-lm model); each model is built and compiled once."""
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     cache: dict[str, tuple[Path, Path, object]] = {}
@@ -122,7 +122,7 @@ def built(tmp_path_factory):
             folder = tmp_path_factory.mktemp(f"fidelity-{name}")
             write_tiny_model(folder, config_for(name), seed=7)
             plan = compile_plan(
-                load_source(folder),
+                open_model(folder),
                 CompileOptions(input_tokens=N, output_tokens=M, prefill_chunk=CHUNK),
             )
             write_plan(plan, folder / "model.plan")

@@ -11,8 +11,8 @@ import pytest
 
 from dctms.cli import main as cli
 from dctms.schema.io import read_plan
+from dctms.schema.model_folder import open_model
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.model_source import load_source
 from dctms.toolkit.tiny_model import DEMO_CONFIG
 from dctms.views.fit import largest_fitting, max_positions
 
@@ -31,7 +31,7 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def m_max(folder: Path, n: int, m: int) -> int:
-    return compile_plan(load_source(folder), CompileOptions(n, m)).envelope.total
+    return compile_plan(open_model(folder), CompileOptions(n, m)).envelope.total
 
 
 # ------------------------------------------------------------------------------ the search alone
@@ -208,7 +208,7 @@ def test_missing_model_exit_2(tmp_path, capsys):
 
 def m_max_at(folder: Path, n: int, m: int, chunk: int) -> int:
     return compile_plan(
-        load_source(folder), CompileOptions(n, m, prefill_chunk=chunk)
+        open_model(folder), CompileOptions(n, m, prefill_chunk=chunk)
     ).envelope.total
 
 

@@ -78,7 +78,8 @@ def test_the_seven_b_plan_with_the_same_edit_is_refused(tmp_path):
 # object in memory (no file, no verifier) and opens a Session on it.
 _BYPASS = """
 import sys, msgspec
-from dctms.runner.load import check_runtime, open_model_folder
+from dctms.runner.load import check_runtime
+from dctms.schema.model_folder import open_model_folder
 from dctms.runner.request import validate_request
 from dctms.runner.session import Session
 from dctms.schema.errors import DctmsError

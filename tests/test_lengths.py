@@ -17,10 +17,11 @@ import pytest
 from conftest import TINY_QWEN2
 
 from dctms.runner.execute import PhaseProgram
-from dctms.runner.load import load_checked_plan, open_model_folder
+from dctms.runner.load import load_checked_plan
 from dctms.runner.request import validate_request
 from dctms.runner.session import Session
 from dctms.schema.errors import DctmsError
+from dctms.schema.model_folder import open_model_folder
 from dctms.schema.verify import verify_plan
 from dctms.toolkit import lengths as L
 from dctms.toolkit.lifetimes import Life, PhaseLives
@@ -121,13 +122,13 @@ def test_a_point_with_other_lifetimes_or_larger_tensors_is_dropped() -> None:
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> tuple[Path, Path]:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     folder = tmp_path_factory.mktemp("lengths-model")
     write_tiny_model(folder, dict(TINY_QWEN2))
-    plan = compile_plan(load_source(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
+    plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
     write_plan(plan, folder / "model.plan")
     return folder / "model.plan", folder
 

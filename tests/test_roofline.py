@@ -12,9 +12,9 @@ import pytest
 
 from dctms.cli import main as cli
 from dctms.schema.io import write_plan
+from dctms.schema.model_folder import open_model
 from dctms.schema.types import TargetProfile
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.model_source import load_source
 from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model
 from dctms.views.op_costs import PhaseValues, op_cost, phase_costs
 from dctms.views.roofline import op_seconds, plan_roofline, prefill_calls
@@ -29,7 +29,7 @@ CAPACITY = N + M  # 128 is a multiple of the chunk
 def plan(tmp_path_factory):
     folder = tmp_path_factory.mktemp("roof")
     (folder / "config.json").write_text(json.dumps(DEMO_CONFIG))
-    return compile_plan(load_source(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
+    return compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def test_measured_profile_names_its_blas():
 @pytest.mark.slow
 def test_compare_with_a_real_bench_run(tmp_path, capsys):
     folder = write_tiny_model(tmp_path / "model", DEMO_CONFIG)
-    plan = compile_plan(load_source(folder), CompileOptions(2048, 8, prefill_chunk=256))
+    plan = compile_plan(open_model(folder), CompileOptions(2048, 8, prefill_chunk=256))
     plan_path = tmp_path / "p.plan"
     write_plan(plan, plan_path)
     out = tmp_path / "bench"

@@ -148,7 +148,8 @@ _PROBE = textwrap.dedent(
     after_import = sorted(sys.modules)
     ran = False
     if len(sys.argv) > 2:
-        from dctms.runner.load import load_checked_plan, open_model_folder
+        from dctms.runner.load import load_checked_plan
+        from dctms.schema.model_folder import open_model_folder
         from dctms.runner.measure import RssSampler
         from dctms.runner.report import build_report
         from dctms.runner.request import validate_request
@@ -171,14 +172,14 @@ _PROBE = textwrap.dedent(
 @pytest.fixture(scope="module")
 def tiny_plan_and_model(tmp_path_factory) -> tuple[Path, Path]:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     folder = tmp_path_factory.mktemp("isolation-model")
     config = dict(TINY_QWEN2)
     write_tiny_model(folder, config)
-    plan = compile_plan(load_source(folder), CompileOptions(32, 8, prefill_chunk=16))
+    plan = compile_plan(open_model(folder), CompileOptions(32, 8, prefill_chunk=16))
     write_plan(plan, folder / "tiny.plan")
     return folder / "tiny.plan", folder
 

@@ -26,13 +26,13 @@ CONFIG = dict(TINY_QWEN2)
 
 
 def _build(folder: Path, config: dict, *, hash_weights: bool = False) -> Path:
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     write_tiny_model(folder, config)
     plan = compile_plan(
-        load_source(folder),
+        open_model(folder),
         CompileOptions(N, M, prefill_chunk=CHUNK, hash_weights=hash_weights),
     )
     write_plan(plan, folder / "model.plan")
@@ -176,7 +176,7 @@ def test_folder_without_config(model, copy_of):
         ("garbage", "not a safetensors file"),
         ("empty", "too short"),
         ("directory", "cannot read"),
-        ("truncated", "cannot load weights"),
+        ("truncated", "truncated or bad offsets"),
         ("config-json", "config.json: not valid JSON"),  # the compiler's wording too
     ],
 )
@@ -191,7 +191,7 @@ def test_unreadable_weights_or_config(model, copy_of, damage, needle):
     elif damage == "directory":  # unreadable even for root
         weights.unlink()
         weights.mkdir()
-    elif damage == "truncated":  # header intact, data cut: found only when loading
+    elif damage == "truncated":  # header intact, data cut: found from the header and the file size
         data = weights.read_bytes()
         weights.write_bytes(data[: len(data) - 1000])
     elif damage == "config-json":

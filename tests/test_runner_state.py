@@ -15,10 +15,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dctms.runner.load import load_checked_plan, open_model_folder
+from dctms.runner.load import load_checked_plan
 from dctms.runner.primitives import dtype_from_name
 from dctms.runner.request import validate_request
 from dctms.runner.session import Session
+from dctms.schema.model_folder import open_model_folder
 
 N, M, CHUNK = 48, 32, 16
 SLACK = 4096  # bytes: the per-step token/position scalars and the returned token, with margin
@@ -42,13 +43,13 @@ CONFIG = {
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> tuple[Path, Path]:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     folder = tmp_path_factory.mktemp("state-model")
     write_tiny_model(folder, CONFIG, seed=3)
-    plan = compile_plan(load_source(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
+    plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
     write_plan(plan, folder / "model.plan")
     return folder / "model.plan", folder
 

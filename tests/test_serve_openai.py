@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -177,11 +178,12 @@ def test_status_and_metrics_report_the_envelope_and_the_peak(server, client):
     assert "dctms_observed_mlx_peak_bytes " in text and "dctms_queue_waiting " in text
 
 
-def test_ctrl_c_stops_the_server_cleanly(models):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_server_cleanly(models, sig):
     proc = ServerProcess(["--plan", models["alpha"].spec(), "--memory", "1GiB"])
     try:
         assert openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0).models.list()
-        rc = proc.interrupt()
+        rc = proc.interrupt(sig)
     finally:
         proc.close()
     assert rc == 0, proc.stderr()
@@ -223,3 +225,64 @@ def test_wrong_weights_for_a_plan_refuse_to_start(models):
     )  # fmt: skip
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "differs" in proc.stderr
+
+
+def test_a_full_queue_refuses_with_503_and_serves_the_rest(models):
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc = ServerProcess(["--plan", models["beta"].spec(), "--memory", "1GiB", "--max-queue", "1"])
+    try:
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+        def ask(k: int) -> str:
+            try:
+                client.completions.create(model="beta", prompt=f"queue {k}", max_tokens=12)
+                return "answered"
+            except openai.APIStatusError as err:
+                assert "server busy" in str(err)
+                return str(err.status_code)
+
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(ask, range(16)))
+        assert set(outcomes) <= {"answered", "503"}
+        assert "503" in outcomes and outcomes.count("answered") >= 2
+        st = proc.status()
+        assert st["requests_refused"] == outcomes.count("503")
+        assert st["queue_waiting"] == 0 and st["queue_limit"] == 1
+    finally:
+        proc.close()
+
+
+def test_ctrl_c_with_streams_running_and_requests_queued_still_stops(models):
+    import threading
+
+    proc = ServerProcess(["--plan", models["beta"].spec(), "--memory", "1GiB"])
+    started = threading.Event()
+    outcomes: list[str] = []
+
+    def stream() -> None:
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        try:
+            for _ in client.completions.create(
+                model="beta", prompt="long", max_tokens=12, stream=True
+            ):
+                started.set()
+            outcomes.append("finished")
+        except Exception as err:  # cut off by the shutdown: an error, never a hang
+            outcomes.append(type(err).__name__)
+
+    threads = [threading.Thread(target=stream) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        assert started.wait(60)
+        t0 = time.monotonic()
+        rc = proc.interrupt()
+        took = time.monotonic() - t0
+    finally:
+        proc.close()
+    for t in threads:
+        t.join(60)
+    assert rc == 0, proc.stderr()
+    assert took < 20 and "Traceback" not in proc.stderr()
+    assert len(outcomes) == 4 and not any(t.is_alive() for t in threads)

@@ -30,8 +30,9 @@ _SOAK = textwrap.dedent(
     """
     import gc, json, sys, time
     import mlx.core as mx, psutil
-    from dctms.runner.load import load_checked_plan, open_model_folder
+    from dctms.runner.load import load_checked_plan
     from dctms.runner.request import validate_request
+    from dctms.schema.model_folder import open_model_folder
     from dctms.runner.session import Session
     plan_path, folder, calls, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     proc = psutil.Process()
@@ -67,13 +68,13 @@ def test_slope_is_least_squares():
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> tuple[Path, Path]:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.tiny_model import write_tiny_model
 
     folder = tmp_path_factory.mktemp("soak-model")
     write_tiny_model(folder, CONFIG, seed=5)
-    plan = compile_plan(load_source(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
+    plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
     write_plan(plan, folder / "model.plan")
     return folder / "model.plan", folder
 

@@ -16,7 +16,8 @@ import msgspec
 
 import dctms
 from dctms.schema.errors import DctmsError, InternalError
-from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256, weights_from_headers
+from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256
+from dctms.schema.model_folder import ModelFolder
 from dctms.schema.sizes import is_arena_tenant, slack_bytes
 from dctms.schema.types import (
     SCHEMA_VERSION,
@@ -60,7 +61,6 @@ from dctms.toolkit.lengths import (
 )
 from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, PhaseLives, analyse
 from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS, nbytes
-from dctms.toolkit.model_source import ModelSource
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import Schedule, build_schedule
 from dctms.toolkit.trace import (
@@ -137,15 +137,15 @@ class Settings:
 
 
 def compile_plan(
-    source: ModelSource, opts: CompileOptions, progress: Callable[[str], None] | None = None
+    source: ModelFolder, opts: CompileOptions, progress: Callable[[str], None] | None = None
 ) -> Plan:
     """Run the passes in order (trace, then per phase schedule, lifetimes, assign; then state and
     envelope) and emit the plan, which the independent verifier must accept."""
     say = progress or (lambda _msg: None)
     _check_options(opts)
-    settings = resolve_settings(source.config, opts)
+    headers = source.headers() if source.weight_files else None
+    settings = resolve_settings(source.config, headers, opts)
     use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
-    headers = weights_from_headers(source.weight_files) if source.weight_files else None
     traced, capacity, fits = trace_source(source.config, headers, opts, settings, say)
     weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
     ridge = ridge_point(settings.profile)
@@ -180,11 +180,11 @@ def compile_plan(
     return plan
 
 
-def resolve_settings(config: dict, opts: CompileOptions) -> Settings:
-    """dtype (option, else the config's, else bfloat16), prefill chunk, backend, roofline profile."""
-    dtype = opts.dtype or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-    if dtype not in DTYPES:
-        dtype = "bfloat16"
+def resolve_settings(
+    config: dict, headers: list[HeaderTensor] | None, opts: CompileOptions
+) -> Settings:
+    """dtype (see ``model_dtype``), prefill chunk, backend, roofline profile."""
+    dtype = model_dtype(config, headers, opts.dtype)
     backend = opts.backend or ("gpu" if mx.default_device() == mx.gpu else "cpu")
     return Settings(
         dtype=dtype,
@@ -204,8 +204,10 @@ def trace_source(
 ) -> tuple[Traced, int, dict[str, LengthFit]]:
     """Pass 1: build the model with lazy weights, trace both phases at their largest lengths and
     (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one)."""
-    say(f"building {config.get('model_type')} model (lazy weights)")
-    model = build_model(config, settings.dtype, {h.name for h in headers} if headers else None)
+    say(f"building {config.get('model_type')} {settings.dtype} model (lazy weights)")
+    stored = {h.name: h.dtype for h in headers} if headers else None
+    # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
+    model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
     num_layers = check_cache_support(model)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
@@ -294,7 +296,7 @@ def table1_stats(phases: list[Phase]) -> Stats:
 
 
 def emit_plan(
-    source: ModelSource,
+    source: ModelFolder,
     opts: CompileOptions,
     settings: Settings,
     traced: Traced,
@@ -358,6 +360,22 @@ def self_check(plan: Plan) -> None:
         )
 
 
+def model_dtype(config: dict, headers: list[HeaderTensor] | None, cast: str | None) -> str:
+    """The model's floating dtype: ``--dtype`` when given; else, with weights, the dtype most of
+    their floating bytes are stored in (mlx-lm runs weights as stored); else the config's
+    ``torch_dtype``/``dtype``, else bfloat16."""
+    if cast is not None:
+        return cast
+    floating: dict[str, int] = {}
+    for h in headers or ():
+        if h.dtype in DTYPES:
+            floating[h.dtype] = floating.get(h.dtype, 0) + h.bytes
+    if floating:
+        return max(sorted(floating), key=lambda d: floating[d])
+    dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    return dtype if dtype in DTYPES else "bfloat16"
+
+
 def use_device(backend: str) -> None:
     """Make ``backend`` MLX's default device; refuse a GPU this machine does not have."""
     if backend == "gpu" and not mx.is_available(mx.gpu):
@@ -391,27 +409,39 @@ def _mlx_lm_version() -> str:
 def fingerprint_weights(
     traced: list[TracedBinding],
     headers: list[HeaderTensor] | None,
-    source: ModelSource,
+    source: ModelFolder,
     hash_files: bool,
 ) -> Weights:
-    """The fingerprint: from the safetensors headers when present (and they must match the model)."""
+    """The fingerprint: from the safetensors headers when present (and they must match the model).
+
+    A weight the plan casts at load (``--dtype``) is counted as resident, its stored dtype kept."""
     if headers is not None:
         by_name = {h.name: h for h in headers}
+        rows = []
         for b in traced:
             h = by_name.get(b.name)
             if h is None:
-                raise DctmsError(f"weights in {source.folder} lack {b.name}, which the model needs")
-            if tuple(h.shape) != tuple(b.shape) or h.dtype != b.dtype:
+                raise DctmsError(f"weights in {source.where} lack {b.name}, which the model needs")
+            cast = h.dtype != b.dtype and h.dtype in DTYPES and b.dtype in DTYPES
+            if tuple(h.shape) != tuple(b.shape) or (h.dtype != b.dtype and not cast):
                 raise DctmsError(
-                    f"weights in {source.folder}: {b.name} is {h.dtype}{list(h.shape)}, "
+                    f"weights in {source.where}: {b.name} is {h.dtype}{list(h.shape)}, "
                     f"the model expects {b.dtype}{list(b.shape)}"
                 )
+            rows.append(
+                WeightTensor(
+                    b.name,
+                    list(b.shape),
+                    b.dtype,
+                    nbytes(b.shape, b.dtype),
+                    stored_dtype=h.dtype if cast else None,
+                )
+            )
         extra = sorted(set(by_name) - {b.name for b in traced})
         if extra:
             raise DctmsError(
-                f"weights in {source.folder} hold {extra[0]}, which the model does not use"
+                f"weights in {source.where} hold {extra[0]}, which the model does not use"
             )
-        rows = [WeightTensor(h.name, list(h.shape), h.dtype, h.bytes) for h in headers]
         files = {f.name: file_sha256(f) for f in source.weight_files} if hash_files else None
     else:
         rows = [

@@ -101,13 +101,21 @@ class Traced:
 # ------------------------------------------------------------------------------------ the model
 
 
-def build_model(config: dict, dtype: str, weight_names: set[str] | None = None) -> nn.Module:
+def build_model(
+    config: dict,
+    dtype: str,
+    stored: dict[str, str] | set[str] | None = None,
+    follow_stored: bool = False,
+) -> nn.Module:
     """mlx-lm's own model class for ``config``, cast to ``dtype`` and quantised like mlx-lm does.
 
     Parameters stay lazy (never evaluated), so building a 7B model costs no weight memory.
-    ``weight_names``: names in the safetensors files, when present; then a layer is quantised
-    exactly when its ``.scales`` are stored, as mlx-lm's loader decides.
+    ``stored``: name -> dtype of the tensors in the safetensors files, when present; then a layer
+    is quantised exactly when its ``.scales`` are stored, as mlx-lm's loader decides, and with
+    ``follow_stored`` every floating parameter takes the dtype it is stored in (mlx-lm's
+    ``load_weights`` keeps the file's dtypes).
     """
+    weight_names = set(stored) if stored is not None else None
     try:
         from mlx_lm.utils import _get_classes
     except ImportError as err:  # pragma: no cover - mlx-lm is a dependency
@@ -135,7 +143,21 @@ def build_model(config: dict, dtype: str, weight_names: set[str] | None = None) 
     quant = config.get("quantization") or config.get("quantization_config")
     if quant and "bits" in quant:
         quantize_like_mlx_lm(model, quant, weight_names)
+    if follow_stored and isinstance(stored, dict):
+        _follow_stored_dtypes(model, stored)
     return model
+
+
+def _follow_stored_dtypes(model: nn.Module, stored: dict[str, str]) -> None:
+    changed = [
+        (k, v.astype(DTYPES[stored[k]]))
+        for k, v in tree_flatten(model.parameters())
+        if mx.issubdtype(v.dtype, mx.floating)
+        and stored.get(k) in DTYPES
+        and dtype_name(v.dtype) != stored[k]
+    ]
+    if changed:
+        model.update(tree_unflatten(changed))
 
 
 def quantize_like_mlx_lm(model: nn.Module, quant: dict, weight_names: set[str] | None) -> None:

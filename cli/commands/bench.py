@@ -61,6 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="untimed warm-up calls per system on the first prompt before measuring (default 1)",
     )
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    p.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="send the prompts as raw text even when the tokenizer has a chat template",
+    )
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the figures")
@@ -76,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
         default_prompts_file,
         load_prompts,
     )
-    from dctms.runner.load import load_checked_plan, open_model_folder
+    from dctms.runner.load import load_checked_plan
     from dctms.schema.errors import DctmsError
+    from dctms.schema.model_folder import open_model_folder
 
     if args.reps < 1:
         raise DctmsError(f"--reps must be at least 1, got {args.reps}")
@@ -96,12 +102,21 @@ def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(prompts_path)
     tokenizer = None
     if (model.path / "tokenizer.json").is_file():
-        from dctms.runner.tokenize import Tokenizer
+        from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids
 
         tokenizer = Tokenizer(model.path)
-        ids = [PromptIds(p, tokenizer.encode(p.text)) for p in prompts]
-        tokenization = f"{model.path / 'tokenizer.json'} (raw text, no chat template)"
-        stop = set() if args.ignore_eos else set(tokenizer.eos_ids)
+        if tokenizer.has_chat_template and not args.ignore_chat_template:
+            # As mlx_lm.generate does: each prompt is one user message through the chat template.
+            ids = [PromptIds(p, encode_chat(tokenizer, p.text)) for p in prompts]
+            tokenization = (
+                f"{model.path / 'tokenizer.json'}: each prompt sent as a user message through the "
+                "tokenizer's chat template (with the generation prompt), as mlx_lm.generate does"
+            )
+        else:
+            ids = [PromptIds(p, tokenizer.encode(p.text)) for p in prompts]
+            why = "--ignore-chat-template" if args.ignore_chat_template else "no chat template"
+            tokenization = f"{model.path / 'tokenizer.json'} (raw text, {why})"
+        stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
     else:
         vocab = plan.model.vocab_size
         ids = [PromptIds(p, byte_token_ids(p.text, vocab)) for p in prompts]

@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     # The compiler (mlx.nn, numpy, mlx-lm) is imported here, not at parse time, so other
     # subcommands -- `dctms run` above all -- never load it.
     from dctms.schema.io import encode_plan, write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan
-    from dctms.toolkit.model_source import load_source
 
     start = time.perf_counter()
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         if show:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
 
-    source = load_source(args.model)
+    source = open_model(args.model)
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_plan(source, opts, progress)
     if args.output and args.output != "-":

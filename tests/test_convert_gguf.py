@@ -1,0 +1,210 @@
+"""``dctms convert-gguf`` on GGUF files written here with ``mx.save_gguf``.
+
+A tiny random llama model is written the way llama.cpp's converter lays it out (GGUF tensor names,
+q/k rows permuted for its RoPE), converted back, and must equal the original weight for weight and
+give mlx-lm's greedy tokens. What the converter does not convert is refused in one line.
+(The real SmolLM2 GGUF is exercised in test_real_model.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from dctms.schema.errors import DctmsError
+from dctms.toolkit.gguf import convert_gguf
+from dctms.toolkit.tiny_model import _bytes_to_unicode, write_tiny_model
+
+CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 261,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 256,
+    "torch_dtype": "float32",
+}
+_LAYER = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}  # fmt: skip
+
+
+def llama_cpp_permute(w: mx.array, heads: int) -> mx.array:
+    """llama.cpp convert_hf_to_gguf.py's ``permute`` of q/k rows (the inverse of ours)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape
+    )
+
+
+def gguf_name(name: str) -> str:
+    base, part = name.rsplit(".", 1)
+    fixed = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    if base in fixed:
+        return f"{fixed[base]}.{part}"
+    _, _, layer, rest = base.split(".", 3)
+    return f"blk.{layer}.{_LAYER[rest]}.{part}"
+
+
+def byte_vocab() -> list[str]:
+    chars = _bytes_to_unicode()
+    return [chars[b] for b in range(256)] + ["he", "ll", "hell", "<|im_start|>", "<|im_end|>"]
+
+
+def write_gguf(path: Path, config: dict, weights: dict, **meta_overrides) -> Path:
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    tensors = {}
+    for name, w in weights.items():
+        if "q_proj" in name:
+            w = llama_cpp_permute(w, heads)
+        elif "k_proj" in name:
+            w = llama_cpp_permute(w, kv)
+        tensors[gguf_name(name)] = w
+    u32 = lambda v: mx.array(v, dtype=mx.uint32)  # noqa: E731
+    vocab = byte_vocab()
+    meta = {
+        "general.architecture": "llama",
+        "llama.embedding_length": u32(config["hidden_size"]),
+        "llama.block_count": u32(config["num_hidden_layers"]),
+        "llama.feed_forward_length": u32(config["intermediate_size"]),
+        "llama.attention.head_count": u32(heads),
+        "llama.attention.head_count_kv": u32(kv),
+        "llama.attention.layer_norm_rms_epsilon": mx.array(config["rms_norm_eps"]),
+        "llama.rope.freq_base": mx.array(config["rope_theta"]),
+        "llama.context_length": u32(config["max_position_embeddings"]),
+        "llama.vocab_size": u32(len(vocab)),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": vocab,
+        "tokenizer.ggml.merges": ["h e", "l l", "he ll"],
+        "tokenizer.ggml.token_type": mx.array([1] * 259 + [3, 3], dtype=mx.int32),
+        "tokenizer.ggml.bos_token_id": u32(259),
+        "tokenizer.ggml.eos_token_id": u32(260),
+        "tokenizer.ggml.add_bos_token": mx.array(False),
+        "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    }
+    meta.update(meta_overrides)
+    mx.save_gguf(str(path), tensors, {k: v for k, v in meta.items() if v is not None})
+    return path
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
+def original(request, tmp_path_factory) -> tuple[Path, Path, dict]:
+    tmp = tmp_path_factory.mktemp("gguf")
+    config = {**CONFIG, "tie_word_embeddings": request.param}
+    folder = write_tiny_model(tmp / "hf", config, tokenizer=False)
+    weights = mx.load(str(folder / "model.safetensors"))
+    return folder, write_gguf(tmp / "tiny.gguf", config, weights), weights
+
+
+def test_round_trip_equals_the_original(original, tmp_path: Path) -> None:
+    folder, gguf, weights = original
+    out = convert_gguf(gguf, tmp_path / "out", "float32")
+    converted = mx.load(str(out / "model.safetensors"))
+    assert sorted(converted) == sorted(weights)
+    for name, w in weights.items():
+        assert mx.array_equal(converted[name], w).item(), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is ("lm_head.weight" not in weights)
+    assert config["rms_norm_eps"] == 1e-5  # float32 in the file, the checkpoint's value back
+    assert config["eos_token_id"] == 260
+
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load, load_model
+
+    prompt = mx.array([(i * 13 + 5) % 256 for i in range(12)])
+
+    def greedy(model) -> list[int]:
+        return [int(t) for t, _ in generate_step(prompt, model, max_tokens=8)]
+
+    model, tokenizer = load(str(out))  # mlx-lm's own load: weights and tokenizer
+    assert greedy(model) == greedy(load_model(folder)[0])
+    messages = [{"role": "user", "content": "hello"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert ids[0] == 259
+    text = tokenizer.decode(ids)
+    assert text == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.eos_token_ids == {260}
+
+
+def test_keep_preserves_float16_and_dtype_casts(original, tmp_path: Path) -> None:
+    _, gguf, weights = original
+    halves = convert_gguf(gguf, tmp_path / "f16", "float16")
+    assert {a.dtype for a in mx.load(str(halves / "model.safetensors")).values()} == {mx.float16}
+    kept = convert_gguf(gguf, tmp_path / "keep", "keep")
+    assert {a.dtype for a in mx.load(str(kept / "model.safetensors")).values()} == {mx.float32}
+    assert "quantization" not in json.loads((kept / "config.json").read_text())
+
+
+def test_tokenizer_splits_digits_and_keeps_bytes(original, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    out = convert_gguf(original[1], tmp_path / "out", "float32")
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    text = "hello 2025 <|im_end|> é"
+    enc = tok.encode(text)
+    assert tok.decode(enc.ids, skip_special_tokens=False) == text
+    assert 260 in enc.ids  # a control token is matched whole
+    assert len(tok.encode("hell").ids) == 1  # the merges apply: "he ll"
+    assert tok.encode("2025").ids == [ord(c) for c in "2025"]  # digits one by one
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dctms.cli.main", "convert-gguf", *argv],
+        capture_output=True, text=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "tensors", "needle"),
+    [
+        ({"general.architecture": "gpt2"}, None, "architecture gpt2 is not supported"),
+        ({}, {"token_embd.weight": mx.zeros((261, 64), dtype=mx.int32)},
+         "tensor type I32 (e.g. token_embd.weight) is not supported"),
+        ({"tokenizer.ggml.model": "llama"}, None, "tokenizer model llama is not supported"),
+        ({"tokenizer.ggml.pre": "qwen2"}, None, "pre-tokenizer qwen2 is not supported"),
+        ({"llama.rope.scaling.type": "yarn"}, None, "RoPE scaling"),
+    ],
+    ids=["architecture", "tensor-type", "tokenizer", "pre-tokenizer", "rope-scaling"],
+)
+def test_refusals_are_one_line(original, tmp_path: Path, overrides, tensors, needle) -> None:
+    _, _, weights = original
+    config = {**CONFIG, "tie_word_embeddings": "lm_head.weight" not in weights}
+    path = write_gguf(tmp_path / "x.gguf", config, weights, **overrides)
+    if tensors is not None:
+        mx.save_gguf(str(path), tensors, {"general.architecture": "llama"})
+    proc = _cli(str(path), str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert needle in proc.stderr
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["x.gguf"]  # no temporary folder left
+
+
+def test_bad_files_and_existing_output(original, tmp_path: Path) -> None:
+    (tmp_path / "not.gguf").write_bytes(b"GGML" + b"\0" * 40)
+    assert "not a GGUF file" in _cli(str(tmp_path / "not.gguf"), str(tmp_path / "o")).stderr
+    (tmp_path / "short.gguf").write_bytes(b"GGUF\x03\0\0\0")
+    assert "header ends early" in _cli(str(tmp_path / "short.gguf"), str(tmp_path / "o")).stderr
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    proc = _cli(str(original[1]), str(taken))
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+    assert (taken / "keep.txt").read_text() == "mine"
+    with pytest.raises(DctmsError, match="--dtype must be one of"):
+        convert_gguf(original[1], tmp_path / "o", "int8")
