@@ -13,7 +13,7 @@ Per-call Python work that does not depend on the token is done once per variant:
 
 * the first run of the bound variant goes through ``apply_op``, which checks every output's shape
   and dtype against the plan; later runs call each primitive's handler directly;
-* the second run of a variant records each segment's graph with MLX's exporter and imports it
+* every other run records each segment's graph (once per variant) with MLX's exporter and imports it
   (``mx.export_function`` / ``mx.import_function``); from then on a call re-creates the segment's
   primitives in C++ (``compile_replace``: the recorded primitives, inputs in the same order) instead
   of one Python call per op -- most of a small model's decode step.
@@ -33,7 +33,7 @@ from dctms.runner.lengths import LengthTable
 from dctms.runner.primitives import apply_op, args_from_json, dtype_from_name
 from dctms.schema.types import Phase
 
-RECORD_AFTER = 1  # runs of a variant in Python before its graph is recorded
+RECORD_AFTER = 0  # runs of a variant in Python before its graph is recorded (the checked bound run aside)
 
 
 @dataclass(frozen=True)

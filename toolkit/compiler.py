@@ -53,6 +53,7 @@ from dctms.toolkit.lengths import (
     WINDOW,
     LengthFit,
     NotAffine,
+    digest,
     fit,
     prefill_candidates,
     sample_lengths,
@@ -105,6 +106,9 @@ class CompileOptions:
     # Search budget of the offset packer, shared by the phases whose greedy packing misses the
     # lower bound (a fixed amount of work, so the plan does not depend on the machine's speed).
     pack_seconds: float = 2.0
+    # Trace smaller lengths too and record the verified points the runner may run at (see
+    # toolkit.lengths); off: fixed phases (the envelope is the same either way: `fit` probes so).
+    real_lengths: bool = True
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -218,7 +222,9 @@ def trace_source(
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
     traced = tracer.traced([prefill, decode])
-    fits = {}
+    fits: dict[str, LengthFit] = {}
+    if not opts.real_lengths:
+        return traced, capacity, fits
     for name, found in (
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
         ("decode", _fit_decode(tracer, decode, window)),
@@ -231,23 +237,28 @@ def trace_source(
 
 
 def _fit_prefill(tracer: PhaseTracer, bound: TracedPhase, chunk: int, window: int):
-    """The prefill phase's fit over (tokens, window), or over the one that can vary; or why not."""
+    """The prefill phase's fit over (tokens, window), or over the one that can vary; or why not.
+    Each extra trace is reduced to its numbers at once (``digest``), so one at a time is alive."""
     ts, ws = sample_lengths(chunk), sample_lengths(window)
     names = [n for n, s in ((TOKENS, ts), (WINDOW, ws)) if s]
     if not names:
         return "the bounds are too small to vary"
     t1, t2 = ts or (chunk, chunk)
     w1, w2 = ws or (window, window)
-    full = [((chunk, window), bound)]
+    points = [(chunk, window)]
     if ts:
-        full.append(((t1, window), tracer.prefill(t1, window)))
+        points.append((t1, window))
     if ws:
-        full.append(((chunk, w1), tracer.prefill(chunk, w1)))
-    full.append(((t2, w2), tracer.prefill(t2, w2)))
+        points.append((chunk, w1))
+    points.append((t2, w2))
     keep = [i for i, n in enumerate((TOKENS, WINDOW)) if n in names]
-    samples = [(tuple(p[i] for i in keep), phase) for p, phase in full]
     try:
-        return fit(names, samples)
+        samples = []
+        for p in points:
+            phase = bound if p == points[0] else tracer.prefill(*p)
+            samples.append((tuple(p[i] for i in keep), digest(bound, phase, p)))
+            del phase
+        return fit(names, samples, bound)
     except NotAffine as err:
         return str(err)
 
@@ -256,9 +267,10 @@ def _fit_decode(tracer: PhaseTracer, bound: TracedPhase, window: int):
     ws = sample_lengths(window)
     if not ws:
         return "the bounds are too small to vary"
-    samples = [((window,), bound)] + [((w,), tracer.decode(w)) for w in ws]
     try:
-        return fit([WINDOW], samples)
+        samples = [((window,), digest(bound, bound, (window,)))]
+        samples += [((w,), digest(bound, tracer.decode(w), (w,))) for w in ws]
+        return fit([WINDOW], samples, bound)
     except NotAffine as err:
         return str(err)
 

@@ -79,19 +79,42 @@ def sample_lengths(bound: int) -> tuple[int, int] | None:
     return a, b
 
 
-def fit(names: Sequence[str], samples: Sequence[tuple[tuple[int, ...], TracedPhase]]) -> LengthFit:
+@dataclass(frozen=True)
+class Digest:
+    """What the fit needs of one trace (the phase itself can be dropped: a 7B trace is large)."""
+
+    leaves: list[list[object]]  # per op, its arguments' leaf values in ``_leaves`` order
+    shapes: dict[str, tuple[int, ...]]  # tensors and bindings
+
+
+def digest(ref: TracedPhase, phase: TracedPhase, point: tuple[int, ...]) -> Digest:
+    """``phase``'s numbers, after checking it has ``ref``'s graph (NotAffine if not)."""
+    if phase is not ref:
+        _same_graph(ref, phase, point)
+    return Digest([[v for _, v in _leaves(op.args)] for op in phase.ops], _shape_table(phase))
+
+
+def fit(
+    names: Sequence[str],
+    samples: Sequence[tuple[tuple[int, ...], TracedPhase | Digest]],
+    ref: TracedPhase | None = None,
+) -> LengthFit:
     """Fit every differing number to an affine function of the lengths.
 
-    ``samples[0]`` is the bound; ``samples[1 + d]`` differs from it in length ``d`` only (the
-    basis); the rest are checks that the fitted functions must predict exactly."""
+    ``samples[0]`` is the bound (``ref``, the phase traced there, when the samples are digests);
+    ``samples[1 + d]`` differs from it in length ``d`` only (the basis); the rest are checks that
+    the fitted functions must predict exactly."""
     dims = len(names)
-    (bound, ref), basis = samples[0], samples[1 : 1 + dims]
+    if ref is None:
+        ref = samples[0][1]
+    digests = [
+        (point, d if isinstance(d, Digest) else digest(ref, d, point)) for point, d in samples
+    ]
+    (bound, _), basis = digests[0], digests[1 : 1 + dims]
     for d, (point, _) in enumerate(basis):
         moved = [i for i in range(dims) if point[i] != bound[i]]
         if moved != [d]:
             raise ValueError(f"basis sample {d} must change length {names[d]} only: {point}")
-    for point, phase in samples[1:]:
-        _same_graph(ref, phase, point)
 
     def solve(values: list) -> Affine | None:
         """None when every sample has the same value."""
@@ -110,23 +133,22 @@ def fit(names: Sequence[str], samples: Sequence[tuple[tuple[int, ...], TracedPha
             k.append(q)
         c = v0 - sum(kd * b for kd, b in zip(k, bound, strict=True))
         f = Affine(tuple(k), c)
-        for (point, _), v in zip(samples[1:], values[1:], strict=True):
+        for (point, _), v in zip(digests[1:], values[1:], strict=True):
             if evaluate(f, point) != v:
                 raise NotAffine(f"values {values} are not affine in {', '.join(names)}")
         return f
 
     args: dict[tuple[int, tuple[int, ...]], Affine] = {}
     floats: set[tuple[int, tuple[int, ...]]] = set()
-    for i in range(len(ref.ops)):
-        per_sample = [list(_leaves(p.ops[i].args)) for _, p in samples]
-        for j, (path, v) in enumerate(per_sample[0]):
-            f = solve([leaves[j][1] for leaves in per_sample])
+    for i, op in enumerate(ref.ops):
+        for j, (path, v) in enumerate(_leaves(op.args)):
+            f = solve([dg.leaves[i][j] for _, dg in digests])
             if f is not None:
                 args[(i, path)] = f
                 if isinstance(v, float):
                     floats.add((i, path))
     shapes: dict[str, dict[int, Affine]] = {}
-    tables = [_shape_table(p) for _, p in samples]
+    tables = [dg.shapes for _, dg in digests]
     for tid, shape in tables[0].items():
         for d in range(len(shape)):
             f = solve([t[tid][d] for t in tables])

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dctms.cli.compile_options import add_compile_options, compile_options, memory_budget
@@ -141,7 +142,10 @@ def run(args: argparse.Namespace) -> int:
                 )
             compiles += 1
             n, m = (value, fixed) if search_n else (fixed, value)
-            plan = compile_plan(source, compile_options(args, n, m, prefill_chunk=chunk))
+            # Probes skip the real-length points (they do not change the envelope); the plan
+            # written with -o is compiled with them (final_plan).
+            opts = replace(compile_options(args, n, m, prefill_chunk=chunk), real_lengths=False)
+            plan = compile_plan(source, opts)
             total = plan.envelope.total
             if total <= budget and value > max(fitting, default=0):
                 fitting.clear()
@@ -160,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.search == "chunk":
         return _run_chunk_search(
-            args, search, chunks, letter, other, fixed, budget, start, cap_reason
+            args, search, chunks, letter, other, fixed, budget, start, cap_reason, source
         )
 
     result, plan = search(chunks[0], None, "")
@@ -169,13 +173,23 @@ def run(args: argparse.Namespace) -> int:
         return _nothing_fits(args, result, letter, other, fixed, budget)
     summary = fit_summary(result, plan, "input_tokens" if search_n else "output_tokens", elapsed)
     if args.output:
-        write_plan(plan, args.output)
+        write_plan(final_plan(args, source, plan), args.output)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
         model = f"{plan.model.architecture} ({plan.model.num_layers} layers)"
         sys.stdout.write(fit_text(summary, model, cap_reason))
     return 0
+
+
+def final_plan(args, source, probe: Plan) -> Plan:
+    """The plan at the fit as ``dctms compile`` would write it (with its real-length points)."""
+    from dctms.cli.compile_options import compile_options
+    from dctms.toolkit.compiler import compile_plan
+
+    b = probe.bounds
+    opts = compile_options(args, b.input_tokens, b.output_tokens, prefill_chunk=b.prefill_chunk)
+    return compile_plan(source, opts)
 
 
 def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int) -> int:
@@ -195,7 +209,7 @@ def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int
 
 
 def _run_chunk_search(
-    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str
+    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, source=None
 ) -> int:
     from dctms.schema.io import write_plan
     from dctms.toolkit.sizes import human
@@ -242,7 +256,7 @@ def _run_chunk_search(
     )
     summary["compiles"] = sum(len(r.probes) for _, r, _ in found)
     if args.output:
-        write_plan(plan, args.output)
+        write_plan(final_plan(args, source, plan), args.output)
     profile = plan.target.profile.name
     if args.json:
         doc = {
