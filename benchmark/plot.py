@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dctms.benchmark.systems import BASELINE, LABELS, RUNNER
+from dctms.figures.units import MIB
 
 FIGURE_STEM = "bench"
 COLORS = {BASELINE: "#4c72b0", RUNNER: "#dd8452"}
-MIB = 2**20
 
 
 def write_figures(

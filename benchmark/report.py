@@ -13,8 +13,8 @@ from dctms.benchmark import stats
 from dctms.benchmark.parity import parity_rows, render_parity
 from dctms.benchmark.protocol import atomic_write_text
 from dctms.benchmark.systems import BASELINE, LABELS, RUNNER
+from dctms.figures.units import MIB
 
-MIB = 2**20
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
 

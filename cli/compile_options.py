@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from dctms.figures.units import parse_size
 from dctms.schema.errors import DctmsError
-from dctms.toolkit.sizes import parse_size
 
 if TYPE_CHECKING:
     from dctms.toolkit.compiler import CompileOptions
@@ -41,7 +41,8 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
     parser.add_argument(
         "--dtype",
         choices=DTYPE_CHOICES,
-        help="model dtype (default: the config's torch_dtype, else bfloat16)",
+        help="cast every floating weight to this dtype at load (default: the dtypes the weights are "
+        "stored in, as mlx-lm runs them; a config alone: its torch_dtype, else bfloat16)",
     )
     parser.add_argument(
         "--memory",

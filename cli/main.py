@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from typing import NoReturn
 
 from dctms.schema.errors import DctmsError
 
@@ -32,8 +34,20 @@ COMMANDS = [
 FAST_BLAS_COMMANDS = {"run", "bench", "demo", "compile", "fit", "serve", "roofline"}
 
 
+def one_line(text: str) -> str:
+    """A message on one line (MLX's own errors span several)."""
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line, like every other refusal (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dctms",
         description="Deterministic compile-time memory plans for MLX LLM inference.",
     )
@@ -71,13 +85,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except DctmsError as err:
-        print(f"dctms {args.command}: {err}", file=sys.stderr)
+        print(f"dctms {args.command}: {one_line(err)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"dctms {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    except RecursionError:
+        print(f"dctms {args.command}: input nested too deeply", file=sys.stderr)
+        return 2
+    except Exception as err:  # a bug in dctms: still one line, never a traceback (DCTMS_DEBUG=1)
+        if os.environ.get("DCTMS_DEBUG"):
+            raise
+        print(
+            f"dctms {args.command}: internal error: {type(err).__name__}: {one_line(err)} "
+            "(a bug in dctms; DCTMS_DEBUG=1 shows where)",
+            file=sys.stderr,
+        )
+        return 70
 
 
 if __name__ == "__main__":

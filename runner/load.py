@@ -12,6 +12,7 @@ from dctms.schema.fingerprint import canonical_config_sha256, file_sha256
 from dctms.schema.io import read_plan
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.rules_runner import RUNNER_INPUTS
+from dctms.schema.sizes import cast_order
 from dctms.schema.types import Plan
 
 
@@ -92,24 +93,21 @@ def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = Fals
 
 
 def load_weights(model: ModelFolder, plan: Plan) -> dict[str, mx.array]:
-    """Every weight, resident in the plan's dtype: a weight the plan casts (``compile --dtype``) is
-    cast one tensor at a time, so at most one stored copy exists beside the resident ones."""
-    cast = {
-        w.name: dtype_from_name(w.dtype)
-        for w in plan.model.weights.tensors
-        if w.stored_dtype is not None
-    }
-    weights: dict[str, mx.array] = {}
+    """Every weight, resident in the plan's dtype. ``mx.load`` is lazy: a weight the plan casts
+    (``compile --dtype``) is read and cast one at a time, largest stored copy first
+    (``sizes.cast_order``; the compiler checks the envelope covers the overshoot), then the rest is
+    read as stored."""
+    loaded: dict[str, mx.array] = {}
     for f in model.weight_files:
         try:
-            loaded = mx.load(str(f))
+            loaded.update(mx.load(str(f)))
         except (RuntimeError, ValueError, OSError) as err:
             raise DctmsError(f"{f}: cannot load weights: {err}") from None
-        for name in list(loaded):
-            array = loaded.pop(name)
-            if name in cast:
-                array = array.astype(cast[name])
-                mx.eval(array)
-            weights[name] = array
+    weights: dict[str, mx.array] = {}
+    for w in cast_order(plan.model.weights.tensors):
+        array = loaded.pop(w.name).astype(dtype_from_name(w.dtype))
+        mx.eval(array)  # the stored copy is freed here: nothing else refers to it
+        weights[w.name] = array
+    weights.update(loaded)
     mx.eval(list(weights.values()))
     return weights

@@ -433,7 +433,7 @@ def apply_op(
         else:
             out = _HANDLERS[primitive](args, list(inputs))
             outs = out if isinstance(out, list) else [out]
-    except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as err:
+    except (IndexError, KeyError, TypeError, ValueError, RuntimeError, OverflowError) as err:
         # wrong input count, an enum value out of range, arguments MLX rejects, ...
         raise DctmsError(f"{primitive} {args_to_plain(args)}: {err}") from err
     got = [(tuple(o.shape), o.dtype) for o in outs]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import msgspec
 
 from dctms.runner.blas import loaded_blas
 from dctms.runner.session import Generation
+from dctms.schema.output import write_output
 from dctms.schema.types import Plan
 
 
@@ -43,15 +42,10 @@ def build_report(
     }
 
 
+def report_bytes(report: dict) -> bytes:
+    return (json.dumps(report, indent=1) + "\n").encode("utf-8")
+
+
 def write_report(report: dict, path: str | Path) -> None:
-    """Atomic: a temp file in the same folder, then rename (never a half-written report)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomic (``schema.output``): never a half-written report."""
+    write_output(path, report_bytes(report))

@@ -25,7 +25,13 @@ class Problem:
     def line(self, source: str) -> str:
         """``SOURCE: PATH: MESSAGE`` on one line; the path is left out when it is the whole file."""
         where = "" if self.path == "$" else f"{self.path}: "
-        return f"{source}: {where}{self.message}"
+        return _printable(f"{source}: {where}{self.message}")
+
+
+def _printable(text: str) -> str:
+    # A value quoted in a message may hold a newline or a control character: escaped, the line
+    # stays one line.
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class PlanError(DctmsError):

@@ -66,6 +66,8 @@ def read_config(config_path: Path) -> dict:
         raise DctmsError(f"{config_path}: cannot read: {err}") from None
     except json.JSONDecodeError as err:
         raise DctmsError(f"{config_path}: not valid JSON: {err.msg} at line {err.lineno}") from None
+    except RecursionError:
+        raise DctmsError(f"{config_path}: nested too deeply") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise DctmsError(f"{config_path}: not a model config (no model_type)")
     return config

@@ -18,14 +18,15 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from dctms.schema.digest import body_sha256, duplicate_key, stamp
-from dctms.schema.errors import DctmsError, PlanError, Problem
+from dctms.schema.errors import PlanError, Problem
+from dctms.schema.output import write_output
 from dctms.schema.paths import json_path
 from dctms.schema.schema_check import schema_problems
 from dctms.schema.types import Plan
@@ -79,52 +80,16 @@ def _non_finite_path(value: Any, parts: list[str | int]) -> str | None:
     return None
 
 
-def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan`` canonically to ``path``, atomically: readers see the old file or the new one.
+def write_plan(
+    plan: Plan, path: str | os.PathLike[str], *, inputs: Iterable[str | os.PathLike[str]] = ()
+) -> None:
+    """Write ``plan`` canonically to ``path``, atomically (``schema.output``): readers see the old
+    file or the new one; never onto one of ``inputs``, a directory or a device.
 
     The plan is not verified here (the compiler verifies before writing; a broken plan can be written
     for inspection). Raises ``DctmsError`` when the file cannot be written.
     """
-    data = encode_plan(plan)
-    target = Path(path)
-    try:
-        mode = target.stat().st_mode & 0o777 if target.exists() else _default_mode()
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as err:
-        raise DctmsError(f"cannot write {path}: {err.strerror or err}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)  # mkstemp creates 0600; a plan is an ordinary file
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException as err:
-        Path(temp).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise DctmsError(f"cannot write {path}: {err.strerror or err}") from None
-        raise
-    _fsync_directory(target.parent)
-
-
-def _default_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable; not possible on every platform, and not needed for atomicity.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    write_output(path, encode_plan(plan), inputs=inputs)
 
 
 # ----------------------------------------------------------------------------------------------- read

@@ -25,12 +25,17 @@ RUNNER_INPUTS = {
 RESULT = "next_token"
 
 
+def runnable(plan) -> bool:
+    """Whether the plan has the phases the runner executes (the others can only be inspected)."""
+    return set(RUNNER_INPUTS) <= {p.name for p in plan.phases}
+
+
 def runner_names(ix: PlanIndex) -> Iterator[Finding]:
     """In a runnable plan (one with both the prefill and the decode phase: the runner refuses any
     other, and a plan of one phase can still be inspected), those phases take exactly the inputs
     the runner feeds, return ``next_token``, and read only KV state, which they also write back."""
     plan = ix.plan
-    if not set(RUNNER_INPUTS) <= {p.name for p in plan.phases}:
+    if not runnable(plan):
         return
     kv = {s.name for s in plan.state if s.kind == "kv"}
     for px in ix.phases:
@@ -123,3 +128,32 @@ def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
                     f"writes {w.state!r} along axis {w.axis} of size {size}, "
                     f"smaller than bounds.kv_capacity {capacity}"
                 )
+
+
+INT32_MAX = 2**31 - 1
+
+
+def op_arguments(ix: PlanIndex) -> Iterator[Finding]:
+    """Integers in op arguments fit MLX's 32-bit shapes, axes and indices (a larger one is an
+    OverflowError in MLX's binding: no plan MLX traced has one)."""
+    for px in ix.phases:
+        for k, op in enumerate(px.phase.ops):
+            bad = _outside_int32(op.args)
+            if bad is not None:
+                yield (
+                    f"{px.op_path(k)}.args",
+                    f"argument {bad} of {op.primitive} is outside MLX's 32-bit integer range",
+                )
+
+
+def _outside_int32(args: object) -> int | None:
+    stack = [args]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif type(value) is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
+            return value
+    return None

@@ -7,9 +7,9 @@ so the planner and the verifier cannot disagree about them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
-from dctms.schema.types import Tensor
+from dctms.schema.types import Tensor, WeightTensor
 
 # MLX dtypes by name; bytes per element.
 ITEMSIZE: dict[str, int] = {
@@ -60,34 +60,72 @@ def is_arena_tenant(tensor: Tensor) -> bool:
     return tensor.view_of is None and tensor.kind != "state"
 
 
+def live_bytes(spans: Iterable[tuple[int, int, int]], num_slots: int) -> list[int]:
+    """The one live-bytes sweep: bytes live in each slot, from ``(start, end, bytes)`` spans.
+
+    Slot ranges are inclusive. Compiler (lower bound), verifier, figures (memory curve) and the TUI
+    all use it. A span that is reversed or reaches outside ``[0, num_slots)`` is ignored (the
+    verifier reports such intervals separately).
+    """
+    delta = [0] * (num_slots + 1)
+    for start, end, size in spans:
+        if 0 <= start <= end < num_slots:
+            delta[start] += size
+            delta[end + 1] -= size
+    curve, live = [], 0
+    for change in delta[:num_slots]:
+        live += change
+        curve.append(live)
+    return curve
+
+
+def tenant_spans(
+    tensors: Iterable[Tensor], weight: Callable[[Tensor], int]
+) -> Iterator[tuple[int, int, int]]:
+    """``(start, end, weight(t))`` of every arena tenant with a two-element interval."""
+    for tensor in tensors:
+        iv = tensor.interval
+        if is_arena_tenant(tensor) and len(iv) == 2:
+            yield iv[0], iv[1], weight(tensor)
+
+
+def arena_curve(tensors: Iterable[Tensor], num_slots: int, alignment: int) -> list[int]:
+    """Aligned bytes of the arena tenants live in each slot: the memory curve of a phase."""
+    return live_bytes(tenant_spans(tensors, lambda t: align_up(t.bytes, alignment)), num_slots)
+
+
 def lower_bound_bytes(tensors: Iterable[Tensor], num_slots: int, alignment: int) -> int:
     """Max over slots of the aligned bytes of the arena tenants live in that slot.
 
     No arena can be smaller: tenants live at the same time need disjoint bytes. Tenants with a
     malformed interval are ignored (the verifier reports them separately).
     """
-    return _max_live(tensors, num_slots, lambda t: align_up(t.bytes, alignment))
+    return max(arena_curve(tensors, num_slots, alignment), default=0)
 
 
 def slack_bytes(tensors: Iterable[Tensor], num_slots: int, allocator_slack: int) -> int:
     """Max over slots of what cache reuse can add to the live tenants: sum of min(bytes, slack)."""
     if allocator_slack <= 0:
         return 0
-    return _max_live(tensors, num_slots, lambda t: min(t.bytes, allocator_slack))
+    spans = tenant_spans(tensors, lambda t: min(t.bytes, allocator_slack))
+    return max(live_bytes(spans, num_slots), default=0)
 
 
-def _max_live(tensors: Iterable[Tensor], num_slots: int, weight: Callable[[Tensor], int]) -> int:
-    # Sweep: +weight where a tenant's interval starts, -weight after it ends; the running sum's max.
-    delta = [0] * (num_slots + 1)
-    for tensor in tensors:
-        iv = tensor.interval
-        if not is_arena_tenant(tensor) or len(iv) != 2 or not 0 <= iv[0] <= iv[1] < num_slots:
-            continue
-        w = weight(tensor)
-        delta[iv[0]] += w
-        delta[iv[1] + 1] -= w
-    best = live = 0
-    for change in delta:
-        live += change
-        best = max(best, live)
-    return best
+def cast_order(tensors: Iterable[WeightTensor]) -> list[WeightTensor]:
+    """The weights a plan casts at load (``stored_dtype`` set), in the order the runner casts them:
+    largest stored copy first, so each stored copy in flight is covered by weights not yet loaded."""
+    cast = [w for w in tensors if w.stored_dtype is not None]
+    return sorted(cast, key=lambda w: (-nbytes(w.shape, w.stored_dtype or w.dtype), w.name))
+
+
+def cast_overshoot(tensors: list[WeightTensor]) -> int:
+    """Bytes by which loading with casts can exceed the resident weights: casting tensor i holds
+    the resident copies cast so far, its stored copy and its new copy, while the weights cast later
+    and those loaded as stored are not loaded yet."""
+    order = cast_order(tensors)
+    total = sum(w.bytes for w in tensors)
+    done, worst = 0, 0
+    for w in order:
+        done += w.bytes
+        worst = max(worst, done + nbytes(w.shape, w.stored_dtype or w.dtype) - total)
+    return worst

@@ -28,7 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from dctms.schema import rules_graph, rules_lengths, rules_memory, rules_runner, rules_totals
+from dctms.schema import (
+    rules_derived,
+    rules_graph,
+    rules_lengths,
+    rules_memory,
+    rules_runner,
+    rules_totals,
+)
 from dctms.schema.errors import Problem
 from dctms.schema.phase_index import PlanIndex, build_plan_index
 from dctms.schema.types import Plan
@@ -68,6 +75,11 @@ RULES: dict[str, Rule] = {
     "runner_names": rules_runner.runner_names,
     "vocabulary": rules_runner.vocabulary,
     "state_capacity": rules_runner.state_capacity,
+    "op_arguments": rules_runner.op_arguments,
+    "persistent_state": rules_derived.persistent_state,
+    "runtime_floor": rules_derived.runtime_floor,
+    "dynamic_scratch": rules_derived.dynamic_scratch,
+    "run_ahead": rules_derived.run_ahead,
     "lengths": rules_lengths.lengths,
 }
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import psutil
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -49,6 +50,7 @@ class ServerState:
         w = self.worker
         peak = w.observed_peak()
         provable = self.pool["provable"]
+        rss = self._proc.memory_info().rss
         return {
             "models": sorted(w.models),
             "envelope": self.pool,
@@ -57,7 +59,8 @@ class ServerState:
             "observed_mlx_peak_bytes": peak,
             "within_envelope": peak <= provable,
             "active_bytes": w.active_memory(),
-            "rss_bytes": self._proc.memory_info().rss,
+            "rss_bytes": rss,
+            "rss_within_envelope_total": rss <= self.pool["total"],
             "queue_waiting": w.waiting,
             "queue_running": w.running,
             "queue_limit": w.max_queue,
@@ -134,10 +137,13 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
             names = ", ".join(sorted(state.worker.models))
             raise ApiError(404, f"model {req.model!r} is not served here (served: {names})",
                            "model")
-        prompt = _prompt_ids(served, req)
+        if req.messages is not None:  # a template may be slow: off the event loop
+            prompt = await run_in_threadpool(encode_messages, served.tokenizer, req.messages)
+        else:
+            prompt = _prompt_ids(served, req)
         max_tokens = req.max_tokens if req.max_tokens is not None else served.max_tokens
         check_bounds(req.model, len(prompt), max_tokens, served.max_prompt, served.max_tokens,
-                     served.plan.model.vocab_size, prompt)
+                     served.plan.model.vocab_size, prompt, "messages" if chat else "prompt")
         call = _Call(state, served, req, prompt, max_tokens, chat)
         call.submit()
     except ApiError as err:
@@ -150,8 +156,6 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
 
 
 def _prompt_ids(served: ServedModel, req: CompletionRequest) -> list[int]:
-    if req.messages is not None:
-        return encode_messages(served.tokenizer, req.messages)
     if isinstance(req.prompt, str):
         return served.tokenizer.encode(req.prompt)
     return list(req.prompt or [])

@@ -148,15 +148,15 @@ def _messages(messages: Any) -> list[dict]:
 
 
 def check_bounds(model: str, prompt_tokens: int, max_tokens: int, n: int, m: int,
-                 vocab: int, prompt: list[int]) -> None:
+                 vocab: int, prompt: list[int], prompt_param: str = "prompt") -> None:
     """The plan's N and M, and the vocabulary (an id outside it would index past the embedding)."""
     if prompt_tokens < 1:
-        raise ApiError(400, "the prompt encodes to no tokens", "prompt")
+        raise ApiError(400, "the prompt encodes to no tokens", prompt_param)
     if prompt_tokens > n:
         raise ApiError(
             400,
             f"the prompt has {prompt_tokens} tokens, more than the plan bound N = {n} of model {model!r}",
-            "prompt",
+            prompt_param,
             "prompt_too_long",
         )
     if max_tokens > m:
@@ -169,7 +169,7 @@ def check_bounds(model: str, prompt_tokens: int, max_tokens: int, n: int, m: int
     for i, t in enumerate(prompt):
         if t < 0 or (vocab and t >= vocab):
             raise ApiError(
-                400, f"prompt token {i} is {t}, outside the vocabulary [0, {vocab})", "prompt"
+                400, f"prompt token {i} is {t}, outside the vocabulary [0, {vocab})", prompt_param
             )
 
 

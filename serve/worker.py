@@ -21,6 +21,7 @@ from dctms.runner.tokenize import Tokenizer
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import open_model_folder
 from dctms.schema.types import Plan
+from dctms.serve.chat import warm_chat_template
 from dctms.serve.spec import PlanSpec
 
 
@@ -165,6 +166,7 @@ class Worker:
         for spec, plan in self._specs:
             folder = open_model_folder(spec.model_dir)
             tokenizer = Tokenizer(folder.path)
+            warm_chat_template(tokenizer)
             self._sessions[spec.name] = Session(plan, folder)
             self._load_peak = max(self._load_peak, mx.get_peak_memory())
             stop = frozenset(tokenizer.eos_ids)

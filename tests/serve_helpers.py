@@ -20,6 +20,11 @@ TINY_MODELS = {
     "alpha": (dict(TINY_QWEN2), 0, 32, 8),  # config, seed, N, M
     "beta": (dict(TINY_QWEN2, num_hidden_layers=1, intermediate_size=96), 1, 48, 12),
 }
+# beta's tokenizer has a chat template (alpha's has none: its chat prompts are the plain contents).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,12 @@ def build_tiny_models(root: Path) -> dict[str, TinyServed]:
     for name, (config, seed, n, m) in TINY_MODELS.items():
         folder = root / name
         write_tiny_model(folder, config, seed=seed)
+        if name == "beta":
+            (folder / "tokenizer_config.json").write_text(json.dumps({
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|endoftext|>",
+                "chat_template": CHAT_TEMPLATE,
+            }))  # fmt: skip
         plan = compile_plan(open_model(folder), CompileOptions(n, m, prefill_chunk=16))
         write_plan(plan, folder / f"{name}.plan")
         out[name] = TinyServed(name, folder / f"{name}.plan", folder, n, m)
@@ -108,11 +119,16 @@ class ServerProcess:
                 self.proc.wait()
 
 
-def run_tokens(served: TinyServed, prompt: str, max_tokens: int, report: Path) -> list[int]:
-    """What `dctms run` generates for ``prompt`` (greedy, stops at end-of-sequence)."""
+def run_tokens(
+    served: TinyServed, prompt: str, max_tokens: int, report: Path, chat: bool = False
+) -> list[int]:
+    """What `dctms run` generates for ``prompt`` (greedy, stops at end-of-sequence): as raw text
+    (what /v1/completions feeds), or with ``chat`` as one user message through the chat template
+    (what /v1/chat/completions feeds)."""
     cmd = dctms_command(
         "run", str(served.plan), "--model", str(served.folder), "--prompt", prompt,
         "--max-tokens", str(max_tokens), "--report", str(report),
+        *([] if chat else ["--ignore-chat-template"]),
     )  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

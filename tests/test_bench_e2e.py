@@ -40,6 +40,7 @@ def bench_model(tmp_path_factory) -> tuple[Path, Path]:
     return folder, plan_path
 
 
+@pytest.mark.slow
 def test_bench_end_to_end(bench_model, tmp_path: Path, capsys):
     folder, plan = bench_model
     out = tmp_path / "out"

@@ -88,6 +88,7 @@ def test_a_failing_template_is_one_line(tmp_path: Path) -> None:
         encode_chat(Tokenizer(folder), "hi")
 
 
+@pytest.mark.slow
 def test_run_prompt_uses_the_template_unless_told_not_to(chat_folder: Path, tmp_path: Path) -> None:
     from dctms.schema.io import write_plan
     from dctms.schema.model_folder import open_model

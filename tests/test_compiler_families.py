@@ -106,10 +106,15 @@ CASES = [(f, "bfloat16", False) for f in FAMILIES] + [
 ]
 
 
+# The quick loop (-m "not slow") keeps the first case; `make test` runs them all.
 @pytest.mark.parametrize(
     ("family", "dtype", "quantized"),
-    CASES,
-    ids=[f"{f}-{d}{'-q4' if q else ''}" for f, d, q in CASES],
+    [
+        pytest.param(
+            f, d, q, id=f"{f}-{d}{'-q4' if q else ''}", marks=() if i == 0 else pytest.mark.slow
+        )
+        for i, (f, d, q) in enumerate(CASES)
+    ],
 )
 def test_envelope_is_exact(tmp_path: Path, family: str, dtype: str, quantized: bool) -> None:
     cfg = _config(family, dtype, quantized)
@@ -262,10 +267,23 @@ def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> Non
 
 def test_bad_memory_size_is_one_line(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "dctms.cli.main", "compile",
-         str(_write(tmp_path, _config("qwen2", "float32", False))), "-N", "8", "-M", "8",
-         "--memory", "lots", "-o", str(tmp_path / "x.plan")],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "dctms.cli.main",
+            "compile",
+            str(_write(tmp_path, _config("qwen2", "float32", False))),
+            "-N",
+            "8",
+            "-M",
+            "8",
+            "--memory",
+            "lots",
+            "-o",
+            str(tmp_path / "x.plan"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "not a size" in proc.stderr
@@ -275,9 +293,22 @@ def test_bad_memory_size_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(mx.is_available(mx.gpu), reason="this machine's MLX has a GPU")
 def test_gpu_backend_without_a_gpu_exits_2(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "dctms.cli.main", "compile",
-         str(_write(tmp_path, _config("qwen2", "float32", False))), "-N", "8", "-M", "8",
-         "--backend", "gpu", "-o", str(tmp_path / "x.plan")],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "dctms.cli.main",
+            "compile",
+            str(_write(tmp_path, _config("qwen2", "float32", False))),
+            "-N",
+            "8",
+            "-M",
+            "8",
+            "--backend",
+            "gpu",
+            "-o",
+            str(tmp_path / "x.plan"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2 and "no GPU" in proc.stderr and proc.stderr.count("\n") == 1

@@ -39,6 +39,7 @@ def _compile(config: Path, out: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_checked_in_plan_matches_a_fresh_compile(tmp_path: Path, name: str) -> None:
     fresh = tmp_path / f"{name}.plan"
@@ -50,6 +51,7 @@ def test_checked_in_plan_matches_a_fresh_compile(tmp_path: Path, name: str) -> N
     )
 
 
+@pytest.mark.slow
 def test_two_processes_write_identical_bytes(tmp_path: Path) -> None:
     a, b = tmp_path / "a.plan", tmp_path / "b.plan"
     assert _compile(PLANS["qwen7b"], a).returncode == 0
@@ -59,6 +61,7 @@ def test_two_processes_write_identical_bytes(tmp_path: Path) -> None:
     assert str(tmp_path) not in text and str(ROOT) not in text  # no absolute paths
 
 
+@pytest.mark.slow
 def test_7b_compile_materialises_no_weights(tmp_path: Path) -> None:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     proc = _compile(PLANS["qwen7b"], tmp_path / "x.plan")
@@ -78,6 +81,7 @@ def test_checked_in_plan_meets_the_targets(name: str) -> None:
     assert (ROOT / "plans" / f"{name}.plan").stat().st_size < 2_100_000
 
 
+@pytest.mark.slow
 def test_memory_budget_shortfall_exits_1(tmp_path: Path) -> None:
     out = tmp_path / "x.plan"
     proc = subprocess.run(

@@ -11,6 +11,7 @@ import pytest
 from dctms.schema.io import read_plan
 
 
+@pytest.mark.slow
 def test_demo_runs_offline_and_stays_within_the_envelope(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
     proc = subprocess.run(
@@ -30,6 +31,7 @@ def test_demo_runs_offline_and_stays_within_the_envelope(tmp_path: Path) -> None
         assert (folder / name).is_file()
 
 
+@pytest.mark.slow
 def test_without_registry_or_cache_the_demo_falls_back_and_says_why(tmp_path: Path) -> None:
     import os
 

@@ -77,6 +77,7 @@ def number(cell: str) -> int:
     return int(cell.replace(",", "").replace("+", ""))
 
 
+@pytest.mark.slow
 def test_markdown_command_end_to_end(capsys, markdown):
     code, out, err = diff(capsys, "--format", "markdown", str(OLD), str(NEW))
     assert code == 0 and err == ""
@@ -295,3 +296,44 @@ def test_labels_name_the_plans(capsys, tiny_pair):
         "### dctms plan diff: `main:plans/tiny.plan` → `plans/tiny.plan (this PR)`"
     )
     assert out.splitlines()[2] == "**M_max 1,664 → 2,664 bytes (+1000 B, +60.10 %)**"
+
+
+# ----------------------------------------------------------------- predicted speed (roofline)
+
+
+def test_roofline_rows_are_each_plans_prediction(plans, markdown):
+    from dctms.figures.roofline import plan_roofline
+
+    old, new = plans
+    rows = {r["name"]: r for r in diff_data(*plans)["roofline"]["rows"]}
+    prompt = min(old.bounds.input_tokens, new.bounds.input_tokens)
+    a, b = plan_roofline(old, prompt_tokens=prompt), plan_roofline(new, prompt_tokens=prompt)
+    speed = rows["decode_tokens_per_s"]
+    assert (speed["old"], speed["new"]) == (a.decode_tokens_per_s, b.decode_tokens_per_s)
+    assert speed["delta"] == pytest.approx(b.decode_tokens_per_s - a.decode_tokens_per_s)
+    assert rows["ttft_s"]["old"] == a.ttft_s and rows["ttft_s"]["new"] == b.ttft_s
+    assert rows["ttft_s"]["label"] == f"TTFT s, {prompt:,}-token prompt"
+    assert "| predicted at the roofline (cpu-x86-2core) | old | new | Δ | Δ % |" in markdown
+    assert "| decode tok/s |" in markdown
+
+
+def test_a_twice_as_fast_target_doubles_the_predicted_speed(tiny_plan):
+    p = tiny_plan.target.profile
+    fast = msgspec.structs.replace(
+        p,
+        name="fast",
+        peak_flops=2 * p.peak_flops,
+        bandwidth_bytes_per_s=2 * p.bandwidth_bytes_per_s,
+    )
+    new = msgspec.structs.replace(
+        tiny_plan, target=msgspec.structs.replace(tiny_plan.target, profile=fast)
+    )
+    data = diff_data(tiny_plan, new)
+    rows = {r["name"]: r for r in data["roofline"]["rows"]}
+    assert rows["decode_tokens_per_s"]["delta_percent"] == pytest.approx(100.0)
+    assert rows["decode_ms_per_token"]["delta_percent"] == pytest.approx(-50.0)
+    assert data["roofline"]["profiles"] == {"old": p.name, "new": "fast"}
+    out = diff_text(data)
+    assert f"predicted at the roofline ({p.name} -> fast)" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("decode tok/s"))
+    assert line.rstrip().endswith("+100.00 %")

@@ -162,7 +162,17 @@ def run_runner(plan: Path, folder: Path, prompt: list[int], k: int, report: Path
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize(("name", "prompt_kind"), CASES, ids=[f"{m}-{p}" for m, p in CASES])
+# The quick loop (-m "not slow") keeps the first model's cases; `make test` runs every model.
+QUICK_MODEL = next(iter(MODELS))
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt_kind"),
+    [
+        pytest.param(m, p, id=f"{m}-{p}", marks=() if m == QUICK_MODEL else pytest.mark.slow)
+        for m, p in CASES
+    ],
+)
 def test_runner_matches_mlx_lm_greedy_within_envelope(built, name, prompt_kind, tmp_path):
     folder, plan, model = built(name)
     prompt = prompt_ids(PROMPTS[prompt_kind])

@@ -136,6 +136,7 @@ def test_max_positions():
 # ------------------------------------------------------------------- the command, real compiles
 
 
+@pytest.mark.slow
 def test_fit_n_is_the_largest_that_fits(tiny, tmp_path, capsys):
     budget = m_max(tiny, 300, M)  # a budget from a real compile, so the answer is not trivial
     out_plan = tmp_path / "fit.plan"
@@ -212,6 +213,7 @@ def m_max_at(folder: Path, n: int, m: int, chunk: int) -> int:
     ).envelope.total
 
 
+@pytest.mark.slow
 def test_search_chunk_table_and_certificates(tiny, tmp_path, capsys):
     # A budget from a real compile at chunk 64, N = 900: smaller chunks fit more tokens.
     budget = m_max_at(tiny, 900, M, 64)

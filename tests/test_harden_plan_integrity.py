@@ -79,6 +79,7 @@ def test_a_plan_without_a_digest_is_refused(tmp_path):
     assert_one_line_refusal(cli("show", str(path)), "show", "has no digest")
 
 
+@pytest.mark.slow
 def test_a_wrong_digest_is_refused_by_every_reader(tmp_path):
     document = json.loads((PLANS / "qwen1.5b.plan").read_text())
     document["digest"] = "0" * 64

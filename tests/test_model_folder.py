@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import msgspec
 import pytest
 
 from dctms.runner.load import load_checked_plan
@@ -261,3 +262,48 @@ def test_bad_header_offsets_are_refused(tmp_path: Path, edit, needle: str) -> No
     with pytest.raises(DctmsError, match="model.norm.weight"):
         open_model(folder).headers()
     _one_line_exit_2(tmp_path, folder, needle)
+
+
+@pytest.mark.parametrize(("stored", "cast"), [("bfloat16", "float32"), ("float32", "bfloat16")])
+def test_a_cast_run_stays_within_the_envelope(tmp_path: Path, stored: str, cast: str) -> None:
+    folder = write_tiny_model(tmp_path / "m", {**CONFIG, "torch_dtype": stored,
+                                               "tie_word_embeddings": False}, tokenizer=False)
+    plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK, dtype=cast))
+    write_plan(plan, tmp_path / "cast.plan")
+    report = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dctms.cli.main", "run", str(tmp_path / "cast.plan"), "--model",
+         str(folder), "--tokens", ",".join(map(str, PROMPT)), "--report", str(report)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(report.read_text())["within_envelope"]
+
+
+def test_cast_overshoot_is_what_one_stored_copy_in_flight_costs() -> None:
+    from dctms.schema.sizes import cast_order, cast_overshoot
+    from dctms.schema.types import WeightTensor
+
+    big = WeightTensor("big", [1000], "bfloat16", 2000, stored_dtype="float32")  # stored 4000
+    small = WeightTensor("small", [10], "bfloat16", 20, stored_dtype="float32")  # stored 40
+    plain = WeightTensor("plain", [100], "float32", 400)
+    assert [w.name for w in cast_order([small, plain, big])] == ["big", "small"]
+    # big first: 2000 + 4000 of 2420 resident -> 3580 over; then small: 2020 + 40 -> none.
+    assert cast_overshoot([small, plain, big]) == 3580
+    assert cast_overshoot([plain]) == 0
+    upcast = [WeightTensor(n, [1000], "float32", 4000, stored_dtype="bfloat16") for n in "ab"]
+    # a: 4000 + 2000 <= 8000; b: 4000 + 4000 + 2000 (b's stored copy) -> 2000 over
+    assert cast_overshoot(upcast) == 2000
+    assert cast_overshoot(upcast[:1]) == 2000
+
+
+def test_compile_refuses_a_cast_the_envelope_does_not_cover(tmp_path: Path) -> None:
+    from dctms.schema.types import Envelope, Weights, WeightTensor
+    from dctms.toolkit.compiler import check_cast_overshoot
+
+    big = WeightTensor("big", [1000], "bfloat16", 2000, stored_dtype="float32")
+    weights = Weights(1, 2000, "0" * 64, [big])
+    env = Envelope(weights=2000, kv=1000, persistent=0, intermediate=1000, runtime=0, total=4000)
+    with pytest.raises(DctmsError, match="exceed the resident weights by 4000 bytes"):
+        check_cast_overshoot(weights, env)
+    check_cast_overshoot(weights, msgspec.structs.replace(env, kv=3000))

@@ -115,6 +115,7 @@ def test_cli_short_exits_1_with_the_shortfall(capsys, real_plans):
     )
 
 
+@pytest.mark.slow
 def test_cli_json_matches_the_composition(capsys, real_plans):
     assert main(["pool", f"small={SMALL}", f"big={BIG}", "--memory", "8GiB", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -148,3 +149,19 @@ def test_cli_refuses_a_broken_plan(tmp_path, capsys):
     write_plan(bad, path)
     assert main(["pool", str(path), "--memory", "1GiB"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_process_extras_are_added_once_and_explained(real_plans):
+    extras = (("HTTP stack (measured)", 16 * MIB), ("chat templates (measured)", 48 * MIB))
+    plain, served = pool_of(real_plans), pool_of(real_plans, extras=extras)
+    assert served.runtime == plain.runtime + 64 * MIB
+    assert served.provable == plain.provable and served.total == plain.total + 64 * MIB
+    text = pool_text(served)
+    assert "+ HTTP stack (measured) (16 MiB)" in text and "chat templates (measured) (48 MiB)" in text
+    assert pool_summary(served)["runtime_extras"][1] == {
+        "what": "chat templates (measured)", "bytes": 48 * MIB
+    }
+    # the prefix search keeps the extras
+    budget = pool_of(real_plans[:1], extras=extras).total
+    assert pool_of(real_plans, budget=budget, extras=extras).prefix_that_fits() == 1
+    assert pool_of(real_plans, budget=budget - 1, extras=extras).prefix_that_fits() == 0

@@ -727,7 +727,11 @@ def model_function(model: nn.Module) -> tuple[Callable, dict]:
 
 @pytest.mark.parametrize("tokens", [1, 5], ids=["decode", "prefill"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("family", list(FAMILIES))
+# The quick loop (-m "not slow") keeps the first family; `make test` runs every one.
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(f, marks=() if i == 0 else pytest.mark.slow) for i, f in enumerate(FAMILIES)],
+)
 def test_model_graph(family: str, variant: str, tokens: int) -> None:
     dtype, quant = VARIANTS[variant]
     if family == "mixtral" and quant is None and dtype != mx.float32:

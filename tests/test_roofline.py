@@ -11,13 +11,13 @@ import msgspec
 import pytest
 
 from dctms.cli import main as cli
+from dctms.figures.op_costs import PhaseValues, op_cost, phase_costs
+from dctms.figures.roofline import op_seconds, plan_roofline, prefill_calls
 from dctms.schema.io import write_plan
 from dctms.schema.model_folder import open_model
 from dctms.schema.types import TargetProfile
 from dctms.toolkit.compiler import CompileOptions, compile_plan
 from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model
-from dctms.views.op_costs import PhaseValues, op_cost, phase_costs
-from dctms.views.roofline import op_seconds, plan_roofline, prefill_calls
 
 N, M, CHUNK = 128, 64, 32
 H, LAYERS, INTER, HEADS, KV_HEADS, VOCAB = 128, 4, 352, 4, 2, 257

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "runner_vs_mlx_lm.py"
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs_dctms_bench(tmp_path):
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"id": "P1", "category": "short", "text": "a short prompt"}]))

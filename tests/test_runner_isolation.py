@@ -1,4 +1,4 @@
-"""The runner never imports the compiler, the TUI or mlx-lm model code (DESIGN.md §1).
+"""The runner never imports the compiler, the TUI or mlx-lm model code (README, Architecture).
 
 Two checks: a static one (every import statement in ``runner/*.py``, parsed with ``ast``, including
 imports inside functions, relative imports and ``importlib.import_module("...")`` with a literal

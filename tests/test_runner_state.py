@@ -108,6 +108,7 @@ def test_active_memory_after_init_is_the_static_envelope(session):
     assert mx.get_peak_memory() - session.test_baseline <= env.provable
 
 
+@pytest.mark.slow
 def test_generate_allocates_no_new_state(session):
     before = {name: address(a) for name, a in session.state.items()}
     active: list[int] = []

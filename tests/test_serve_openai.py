@@ -74,6 +74,56 @@ def test_completion_equals_dctms_run_for_each_model(client, models, tmp_path):
     assert a.choices[0].text != b.choices[0].text
 
 
+def test_chat_equals_dctms_run_through_the_chat_template(client, models, tmp_path):
+    served = models["beta"]  # its tokenizer has a chat template
+    question = "how much memory?"
+    want = run_tokens(served, question, served.m, tmp_path / "chat.json", chat=True)
+    got = client.chat.completions.create(
+        model="beta", messages=[{"role": "user", "content": question}], max_tokens=served.m,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    assert got.choices[0].model_extra["token_ids"] == want
+    assert got.choices[0].message.role == "assistant"
+    templated = f"user: {question}\nassistant:"
+    assert got.usage.prompt_tokens == len(templated.encode())
+    raw = run_tokens(served, question, served.m, tmp_path / "raw.json")
+    assert raw != want  # the template really changed the prompt
+
+
+def test_chat_without_a_template_is_the_plain_contents(client):
+    chat = client.chat.completions.create(
+        model="alpha", messages=[{"role": "user", "content": "plain words"}], max_tokens=6
+    )
+    plain = client.completions.create(model="alpha", prompt="plain words", max_tokens=6)
+    assert chat.choices[0].message.content == plain.choices[0].text
+    assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_chat_streaming_adds_up_and_starts_with_the_role(client):
+    messages = [{"role": "system", "content": "short"}, {"role": "user", "content": "go"}]
+    whole = client.chat.completions.create(model="beta", messages=messages, max_tokens=10)
+    deltas = list(
+        client.chat.completions.create(
+            model="beta", messages=messages, max_tokens=10, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert deltas[0].choices[0].delta.role == "assistant"
+    text = "".join(d.choices[0].delta.content or "" for d in deltas if d.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [d.choices[0].finish_reason for d in deltas if d.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason
+    assert deltas[-1].choices == [] and deltas[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_chat_over_n_is_refused_naming_the_bound(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="beta", messages=[{"role": "user", "content": "y" * 48}], max_tokens=2
+        )
+    assert "N = 48" in str(err.value)
+
+
 def test_streaming_pieces_add_up_to_the_whole_completion(client):
     whole = client.completions.create(model="beta", prompt="stream me", max_tokens=10)
     pieces, finishes = [], []
@@ -172,6 +222,13 @@ def test_status_and_metrics_report_the_envelope_and_the_peak(server, client):
     assert st["envelope_provable_bytes"] == env["provable"]
     assert 0 < st["observed_mlx_peak_bytes"] <= env["provable"]
     assert st["within_envelope"] is True
+    # runtime: one process baseline, plus the server's stack and (beta has a chat template)
+    # transformers, each once
+    extras = {e["what"].split(" (")[0]: e["bytes"] for e in env["runtime_extras"]}
+    assert set(extras) == {"HTTP server stack", "transformers for chat templates"}
+    assert env["runtime"] == max(a["runtime"], b["runtime"]) + sum(extras.values())
+    assert env["total"] == env["provable"] + env["runtime"]
+    assert st["rss_within_envelope_total"] is True, (st["rss_bytes"], env["total"])
     with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
         text = r.read().decode()
     assert f"dctms_envelope_provable_bytes {env['provable']}" in text

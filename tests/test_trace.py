@@ -42,6 +42,7 @@ def exported(request, tmp_path_factory):
     return read_plan(request.param), json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_json_loads_with_truthful_units(exported):
     plan, doc = exported
     assert doc["otherData"]["time_unit"] == "slot"

@@ -1,4 +1,4 @@
-"""dctms.tui.data / dctms.tui.diff: the inspector's figures, checked without Textual."""
+"""dctms.tui.data and dctms.figures: the inspector's figures, checked without Textual."""
 
 from __future__ import annotations
 
@@ -8,36 +8,35 @@ import msgspec
 import pytest
 from conftest import make_tiny_plan
 
+from dctms.figures.comparison import plan_diff
+from dctms.figures.memory import memory_curve
+from dctms.figures.overview import arena_rows, table1
+from dctms.figures.units import human
 from dctms.schema.io import read_plan
 from dctms.schema.sizes import lower_bound_bytes
 from dctms.schema.types import Plan
 from dctms.tui.data import (
-    PhaseIndex,
+    PhaseLookup,
     Query,
     arena_bands,
     arena_placements,
-    arena_rows,
     buffer_rows,
     buffer_summaries,
     describe_value,
-    fmt_size,
-    memory_curve,
     op_rows,
     parse_query,
     slot_rows,
-    table1,
     tensor_details,
     tensor_rows,
 )
-from dctms.tui.diff import plan_diff
 from dctms.tui.widgets.envelope_bar import split_cells
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 
 
-def tiny_index() -> PhaseIndex:
+def tiny_index() -> PhaseLookup:
     plan = make_tiny_plan()
-    return PhaseIndex(plan.phases[0], plan.target.alignment)
+    return PhaseLookup(plan.phases[0], plan.target.alignment)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +58,7 @@ def test_tiny_curve_slot_by_slot():
 
 def test_curve_brute_force_and_peak_is_the_plans_lower_bound(qwen7b: Plan):
     for phase in qwen7b.phases:
-        index = PhaseIndex(phase, qwen7b.target.alignment)
+        index = PhaseLookup(phase, qwen7b.target.alignment)
         curve = index.curve
         assert len(curve) == len(phase.slots)
         for slot in range(0, len(curve), 97):  # every 97th slot, by brute force
@@ -97,7 +96,7 @@ def test_producer_consumers_and_scratch_owner():
 
 def test_every_real_tensor_has_a_producer(qwen7b: Plan):
     for phase in qwen7b.phases:
-        index = PhaseIndex(phase, qwen7b.target.alignment)
+        index = PhaseLookup(phase, qwen7b.target.alignment)
         assert all(index.producer_op(t.id) is not None for t in phase.tensors)
         scratch = [t for t in phase.tensors if t.kind == "scratch"]
         assert scratch and all(index.producer[t.id] == int(t.id.split(".")[1]) for t in scratch)
@@ -195,10 +194,10 @@ def test_split_cells_keeps_edges_exact():
     )
 
 
-def test_fmt_size():
-    assert fmt_size(128) == "128 B"
-    assert fmt_size(1536) == "1.5 KiB"
-    assert fmt_size(409223296) == "390.3 MiB"
+def test_short_size_format():
+    assert human(128, 1) == "128 B"
+    assert human(1536, 1) == "1.5 KiB"
+    assert human(409223296, 1) == "390.3 MiB"
 
 
 # -------------------------------------------------------------------------------------- diff
@@ -237,7 +236,7 @@ def test_diff_of_the_two_checked_in_plans(qwen7b: Plan):
     assert env["weights"].delta == qwen7b.envelope.weights - small.envelope.weights
     fp = {c.name: c for c in diff.fingerprint}
     assert fp["config sha256"].changed and fp["weights layout sha256"].changed
-    assert fp["weights count"].new == f"{qwen7b.model.weights.count:,}"
+    assert fp["weights count"].new_text == f"{qwen7b.model.weights.count:,}"
     t1 = {d.name: d for d in diff.table1}
     assert t1["logical tensors"].delta == qwen7b.stats.logical_tensors - small.stats.logical_tensors
     phases = {d.name: d for d in diff.phases}

@@ -13,7 +13,7 @@ from conftest import make_tiny_plan
 
 from dctms.schema.types import Plan
 from dctms.tui.app import InspectorApp
-from dctms.tui.state import Session
+from dctms.tui.state import Inspection
 
 SIZE = (100, 30)
 
@@ -21,8 +21,8 @@ SIZE = (100, 30)
 def tiny_app(screen: str | None = None, old: Plan | None = None) -> InspectorApp:
     plan = make_tiny_plan()
     if old is not None:
-        return InspectorApp(Session(plan, "new.plan", old=old, old_path="old.plan"), screen=screen)
-    return InspectorApp(Session(plan, "tiny.plan"), screen=screen)
+        return InspectorApp(Inspection(plan, "new.plan", old=old, old_path="old.plan"), screen=screen)
+    return InspectorApp(Inspection(plan, "tiny.plan"), screen=screen)
 
 
 @pytest.mark.parametrize(

@@ -469,6 +469,13 @@ CASES: list[tuple[str, str, Break]] = [
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
     ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),
     ("state_capacity", "cache written at a constant", lambda p: _state_written_at(p, "c_half")),
+    ("op_arguments", "a shape of 10^12", lambda p: op(p, 1, args=[[10**12, 8]])),
+    # re-derived figures (schema/rules_derived.py); the first two only for runnable plans
+    ("persistent_state", "no persistent state", lambda p: _with_prefill(p)),
+    ("runtime_floor", "runtime below the process baseline", lambda p: _with_prefill(p)),
+    ("dynamic_scratch", "DynamicSliceUpdate without its offset", lambda p: _no_dynamic_scratch(p)),
+    ("run_ahead", "run-ahead declared, lifetimes not widened",
+     lambda p: nested(p, "target", run_ahead_dispatches=10)),  # fmt: skip
 ]
 
 
@@ -481,6 +488,11 @@ def _with_prefill(plan: Plan) -> Plan:
     """A copy of the decode phase named prefill (so the plan is runnable): it lacks last_index and
     processes one token, not the plan's prefill_chunk (4)."""
     return replace(plan, phases=[replace(P0(plan), name="prefill"), P0(plan)])
+
+
+def _no_dynamic_scratch(plan: Plan) -> Plan:
+    plan = op(plan, 3, scratch=0)
+    return phase(plan, tensors=[t for t in P0(plan).tensors if t.id != "scratch.3"])
 
 
 def _state_written_at(plan: Plan, index_id: str) -> Plan:

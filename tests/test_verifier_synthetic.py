@@ -16,6 +16,7 @@ import random
 import time
 from dataclasses import dataclass
 
+import pytest
 from conftest import make_tiny_plan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -361,6 +362,7 @@ def _brute_force_last_use(phase: Phase) -> set[int]:
     return bad
 
 
+@pytest.mark.slow
 @GENERATED
 @given(graph=op_graphs(), seed=st.integers(0, 2**32 - 1))
 def test_last_use_rule_matches_brute_force(graph, seed: int) -> None:
@@ -383,6 +385,7 @@ def test_last_use_rule_matches_brute_force(graph, seed: int) -> None:
     assert reported == [f"$.phases[0].tensors[{pos}].interval" for pos in sorted(expected)]
 
 
+@pytest.mark.slow
 @GENERATED
 @given(graph=op_graphs(), seed=st.integers(0, 2**32 - 1))
 def test_sync_evaluate_rule_matches_brute_force(graph, seed: int) -> None:
@@ -448,6 +451,7 @@ def _brute_force_lower_bound(tensors: list[Tensor], slots: int, alignment: int) 
     )
 
 
+@pytest.mark.slow
 @GENERATED
 @given(graph=op_graphs(), seed=st.integers(0, 2**32 - 1))
 def test_overlap_sweep_matches_brute_force(graph, seed: int) -> None:
@@ -470,6 +474,7 @@ def test_overlap_sweep_matches_brute_force(graph, seed: int) -> None:
     )
 
 
+@pytest.mark.slow
 @GENERATED
 @given(graph=op_graphs(), seed=st.integers(0, 2**32 - 1))
 def test_buffer_sweep_matches_brute_force(graph, seed: int) -> None:
@@ -516,6 +521,7 @@ def transformer_like(layers: int, ops_per_layer: int) -> list[OpSpec]:
     return specs
 
 
+@pytest.mark.slow
 def test_seven_b_sized_phase_verifies_quickly() -> None:
     specs = transformer_like(layers=28, ops_per_layer=214)
     plan = build_plan(specs, outputs={len(specs) - 1})
@@ -540,6 +546,7 @@ def test_rule_registry_is_complete_and_index_builds(tiny_plan: Plan) -> None:
         assert list(rule(index)) == [], name
 
 
+@pytest.mark.slow
 def test_overlap_sweep_stays_fast_when_everything_is_live() -> None:
     """Worst case for a naive active-set sweep: ~5,000 tenants all live to the end, none overlapping."""
     specs = transformer_like(layers=28, ops_per_layer=214)

@@ -18,7 +18,7 @@ import dctms
 from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256
 from dctms.schema.model_folder import ModelFolder
-from dctms.schema.sizes import is_arena_tenant, slack_bytes
+from dctms.schema.sizes import cast_overshoot, is_arena_tenant, nbytes, slack_bytes
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -46,7 +46,7 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign
+from dctms.toolkit import assign, limits
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lengths import (
     TOKENS,
@@ -61,7 +61,7 @@ from dctms.toolkit.lengths import (
     verified_points,
 )
 from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, PhaseLives, analyse
-from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS, nbytes
+from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import Schedule, build_schedule
 from dctms.toolkit.trace import (
@@ -112,6 +112,7 @@ class CompileOptions:
 
 
 def _check_options(opts: CompileOptions) -> None:
+    limits.check_options(opts)
     for name in ("input_tokens", "output_tokens", "batch"):
         if getattr(opts, name) < 1:
             raise DctmsError(
@@ -147,6 +148,7 @@ def compile_plan(
     envelope) and emit the plan, which the independent verifier must accept."""
     say = progress or (lambda _msg: None)
     _check_options(opts)
+    limits.check_config(source.config)
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
     use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
@@ -179,9 +181,24 @@ def compile_plan(
         device_memory=opts.device_memory,
         cache_enabled=settings.allocator_slack > 0,
     )
+    check_cast_overshoot(weights, envelope)
     plan = emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
     self_check(plan)
     return plan
+
+
+def check_cast_overshoot(weights: Weights, envelope) -> None:
+    """While the runner casts weights at load (``--dtype``), one stored copy is in flight beside
+    the resident ones; what the KV cache, persistent state and arena (not yet allocated then) leave
+    must cover it, or the provable envelope would not bound the load."""
+    over = cast_overshoot(weights.tensors)
+    room = envelope.kv + envelope.persistent + envelope.intermediate
+    if over > room:
+        raise DctmsError(
+            f"--dtype: casting the weights at load would exceed the resident weights by {over} "
+            f"bytes, more than the {room} bytes the rest of the envelope covers; convert the "
+            "weights to that dtype instead (or compile without --dtype)"
+        )
 
 
 def resolve_settings(

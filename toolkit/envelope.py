@@ -12,13 +12,15 @@
 
 from __future__ import annotations
 
+from dctms.schema.rules_derived import RUNTIME_FLOOR
 from dctms.schema.types import Envelope
 
 # Resident memory of a Python process that has imported the runner (mlx, msgspec, tokenizers,
 # psutil) and evaluated one array: measured 38 MiB with psutil on the CPU backend (Linux x86-64,
 # Python 3.11, mlx 0.32.4); rounded up to leave room for interpreter growth. The Metal figure is an
 # estimate (library, command queues), not measured here.
-PROCESS_BASELINE = {"cpu": 64 * 2**20, "gpu": 192 * 2**20}
+# Defined with the verifier rule that re-derives the floor (one figure for both).
+PROCESS_BASELINE = RUNTIME_FLOOR
 
 
 def runtime_allowance(backend: str, intermediate: int, cache_enabled: bool) -> tuple[int, str]:

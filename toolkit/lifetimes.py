@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dctms.toolkit.memory_model import Layout, nbytes, op_memory, row_major
+from dctms.schema.sizes import nbytes
+from dctms.toolkit.memory_model import Layout, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
 

@@ -22,7 +22,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from dctms.schema.sizes import ITEMSIZE, nbytes  # noqa: F401  (re-exported for the passes)
+from dctms.schema import rules_derived as schema_derived
+from dctms.schema.sizes import nbytes
 
 VIEW_ALWAYS = frozenset(
     {
@@ -104,7 +105,8 @@ BINARY = frozenset(
 # Ops that copy a non-contiguous last axis into a temporary which then becomes the output.
 LAST_AXIS_CONTIGUOUS = frozenset({"Softmax"})
 _SIZE_CAP = 2**31 - 1  # collapse_contiguous_dims default size cap
-DYNAMIC_OFFSET_BYTES = 8  # int64 offset MLX computes for DynamicSlice / DynamicSliceUpdate
+# int64 offset MLX computes for DynamicSlice / DynamicSliceUpdate (the verifier re-derives it)
+DYNAMIC_OFFSET_BYTES = schema_derived.DYNAMIC_OFFSET_BYTES
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,12 @@ PROFILES: dict[str, TargetProfile] = {
         peak_flops=4.5e9,
         peak_flops_source=(
             "measured: best of 3 MLX CPU float32 2048x2048 matmuls on the 2-core AVX-512 Xeon "
-            "this project is developed on (bench/roofline.py), 4.5 GFLOP/s"
+            "this project is developed on, 4.5 GFLOP/s (dctms roofline --measure re-measures)"
         ),
         bandwidth_bytes_per_s=21.0e9,
         bandwidth_source=(
-            "measured: best of 10 numpy copies of 256 MiB on the same machine "
-            "(bench/roofline.py), 21 GB/s read+write"
+            "measured: best of 10 numpy copies of 256 MiB on the same machine, 21 GB/s "
+            "read+write (dctms roofline --measure re-measures)"
         ),
     ),
     "apple-m4-16gb": TargetProfile(

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from dctms.toolkit.memory_model import ITEMSIZE
+from dctms.schema.sizes import ITEMSIZE
 from dctms.toolkit.order import mlx_eval_order, producers
 from dctms.toolkit.trace import TracedPhase
 

@@ -20,7 +20,7 @@ from textual.screen import ModalScreen, Screen
 
 from dctms.schema.errors import DctmsError
 from dctms.schema.io import read_plan
-from dctms.tui.screens.base import PhaseScreen
+from dctms.tui.screens.base import InspectorScreen, PhaseScreen
 from dctms.tui.screens.buffers import BuffersScreen
 from dctms.tui.screens.diff import DiffScreen
 from dctms.tui.screens.help import HelpScreen
@@ -29,17 +29,18 @@ from dctms.tui.screens.memory import MemoryScreen
 from dctms.tui.screens.ops import OpsScreen
 from dctms.tui.screens.overview import OverviewScreen
 from dctms.tui.screens.schedule import ScheduleScreen
-from dctms.tui.state import Session
+from dctms.tui.state import Inspection
 
-SCREEN_CLASSES: dict[str, type[Screen]] = {
-    "overview": OverviewScreen,
-    "memory": MemoryScreen,
-    "lifetimes": LifetimesScreen,
-    "buffers": BuffersScreen,
-    "schedule": ScheduleScreen,
-    "ops": OpsScreen,
-    "diff": DiffScreen,
-}
+# The screens in number-key order; the Diff screen exists only when two plans are given.
+SCREEN_ORDER: tuple[type[InspectorScreen], ...] = (
+    OverviewScreen,
+    MemoryScreen,
+    LifetimesScreen,
+    BuffersScreen,
+    ScheduleScreen,
+    OpsScreen,
+    DiffScreen,
+)
 
 
 class InspectorApp(App[int]):
@@ -51,8 +52,11 @@ class InspectorApp(App[int]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
 
     BINDINGS = [
-        Binding("1", "show_number(1)", "screen", key_display="1-7"),
-        *[Binding(str(n), f"show_number({n})", f"screen {n}", show=False) for n in range(2, 8)],
+        Binding("1", "show_number(1)", "screen", key_display=f"1-{len(SCREEN_ORDER)}"),
+        *[
+            Binding(str(n), f"show_number({n})", f"screen {n}", show=False)
+            for n in range(2, len(SCREEN_ORDER) + 1)
+        ],
         Binding("tab", "cycle_screen(1)", "next screen", show=False, priority=True),
         Binding("shift+tab", "cycle_screen(-1)", "previous screen", show=False, priority=True),
         Binding("p", "next_phase", "phase"),
@@ -64,16 +68,17 @@ class InspectorApp(App[int]):
     phase: reactive[int] = reactive(0)
 
     def __init__(
-        self, session: Session, *, screen: str | None = None, exit_after_paint: bool = False
+        self, inspection: Inspection, *, screen: str | None = None, exit_after_paint: bool = False
     ):
         super().__init__()
-        self.session = session
+        self.inspection = inspection
         self.exit_after_paint = exit_after_paint
         self.paint_seconds: float | None = None
-        for mode, _ in session.screens:
-            self.add_mode(mode, SCREEN_CLASSES[mode])
-        self.first_mode = screen or ("diff" if session.diff_mode else "overview")
-        self.title = f"dctms-tui {session.title}"
+        self.screen_classes = [s for s in SCREEN_ORDER if s is not DiffScreen or inspection.diff_mode]
+        for screen_class in self.screen_classes:
+            self.add_mode(screen_class.MODE, screen_class)
+        self.first_mode = screen or ("diff" if inspection.diff_mode else "overview")
+        self.title = f"dctms-tui {inspection.title}"
 
     def on_mount(self) -> None:
         self.switch_mode(self.first_mode)
@@ -89,7 +94,12 @@ class InspectorApp(App[int]):
 
     @property
     def modes(self) -> list[str]:
-        return [mode for mode, _ in self.session.screens]
+        return [s.MODE for s in self.screen_classes]
+
+    @property
+    def screen_titles(self) -> list[tuple[str, str]]:
+        """(mode, title) of this inspection's screens, in number-key order."""
+        return [(s.MODE, s.TITLE) for s in self.screen_classes]
 
     def action_show(self, mode: str) -> None:
         if mode in self.modes:
@@ -100,8 +110,8 @@ class InspectorApp(App[int]):
     def action_show_number(self, number: int) -> None:
         if 1 <= number <= len(self.modes):
             self.action_show(self.modes[number - 1])
-        elif number == len(SCREEN_CLASSES):
-            self.action_show("diff")
+        elif 1 <= number <= len(SCREEN_ORDER) and SCREEN_ORDER[number - 1] is DiffScreen:
+            self.action_show(DiffScreen.MODE)  # explains that it needs two plans
 
     def action_cycle_screen(self, step: int) -> None:
         modes = self.modes
@@ -115,11 +125,11 @@ class InspectorApp(App[int]):
     # -------------------------------------------------------------------------------- phases
 
     def action_phase(self, number: int) -> None:
-        if 0 <= number < len(self.session.plan.phases):
+        if 0 <= number < len(self.inspection.plan.phases):
             self.phase = number
 
     def action_next_phase(self) -> None:
-        count = len(self.session.plan.phases)
+        count = len(self.inspection.plan.phases)
         if count:
             self.phase = (self.phase + 1) % count
 
@@ -130,7 +140,7 @@ class InspectorApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # "p" only does something (and only shows in the footer) on the per-phase screens.
         if action == "next_phase":
-            return isinstance(self.screen, PhaseScreen) and len(self.session.plan.phases) > 1
+            return isinstance(self.screen, PhaseScreen) and len(self.inspection.plan.phases) > 1
         if action in ("cycle_screen", "show_number", "help"):
             # Not over the help page or the command palette: keys go to them.
             return not isinstance(self.screen, ModalScreen)
@@ -139,11 +149,11 @@ class InspectorApp(App[int]):
     # ------------------------------------------------------------------------ command palette
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        for number, (mode, title) in enumerate(self.session.screens, start=1):
+        for number, (mode, title) in enumerate(self.screen_titles, start=1):
             yield SystemCommand(
                 f"Screen: {title}", f"show the {title} screen (key {number})", self._show(mode)
             )
-        for number, phase in enumerate(self.session.plan.phases):
+        for number, phase in enumerate(self.inspection.plan.phases):
             yield SystemCommand(
                 f"Phase: {phase.name}",
                 f"per-phase screens show {phase.name} ({len(phase.ops):,} ops)",
@@ -192,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--screen",
-        choices=list(SCREEN_CLASSES),
+        choices=[s.MODE for s in SCREEN_ORDER],
         help="screen to open on (default: overview; diff when two plans are given)",
     )
     parser.add_argument(
@@ -216,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dctms-tui: {err}", file=sys.stderr)
         return err.exit_code
     if len(plans) == 2:
-        session = Session(plans[1], args.plans[1], old=plans[0], old_path=args.plans[0])
+        inspection = Inspection(plans[1], args.plans[1], old=plans[0], old_path=args.plans[0])
     else:
-        session = Session(plans[0], args.plans[0])
-    app = InspectorApp(session, screen=args.screen, exit_after_paint=args.exit_after_paint)
+        inspection = Inspection(plans[0], args.plans[0])
+    app = InspectorApp(inspection, screen=args.screen, exit_after_paint=args.exit_after_paint)
     try:
         app.run(headless=args.exit_after_paint)
     except KeyboardInterrupt:

@@ -1,8 +1,8 @@
-"""Figures the inspector shows, computed from a ``Plan`` without Textual (unit-testable on their own).
+"""The inspector's view models over one plan, without Textual (unit-testable on their own).
 
-Conventions are the schema's: intervals are inclusive slot ranges, arena tenants and alignment come
-from ``dctms.schema.sizes`` so the memory curve's peak is the plan's ``lower_bound_bytes`` by
-construction, and the Table-1 constants are ``dctms show``'s.
+Lookups by tensor and op, lifetime rows, buffer reuse, arena placements, schedule and op rows. The
+figures the CLI shows too (overview, memory curve, diff) come from ``dctms.figures``; conventions are
+the schema's (inclusive slot ranges, arena tenants and alignment from ``dctms.schema.sizes``).
 """
 
 from __future__ import annotations
@@ -11,105 +11,20 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from dctms.figures.memory import live_at, memory_curve, peak
+from dctms.figures.units import human
 from dctms.schema.sizes import align_up, is_arena_tenant
 from dctms.schema.types import Op, Phase, Plan, Scratch, Tensor
-from dctms.views.show import MIB, PAPER_LOGICAL, PAPER_PHYSICAL, PAPER_REDUCTION
-
-COMPONENTS = ("weights", "kv", "persistent", "intermediate", "runtime")
-
-
-# --------------------------------------------------------------------------------------- formatting
-
-
-def fmt_bytes(value: int) -> str:
-    """``409,223,296 B (390.27 MiB)``: exact bytes first (the plan's unit), MiB to read at a glance."""
-    return f"{value:,} B ({value / MIB:,.2f} MiB)"
-
-
-def fmt_mib(value: int) -> str:
-    return f"{value / MIB:,.2f} MiB"
-
-
-def fmt_size(value: float) -> str:
-    """Short size for axis labels: ``128 B``, ``1.5 KiB``, ``390.3 MiB``, ``4.1 GiB``."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= scale:
-            return f"{value / scale:,.1f} {unit}"
-    return f"{value:,.0f} B"
-
-
-def fmt_signed(value: int | float, digits: int = 0) -> str:
-    """A delta with its sign always shown (``+0`` for no change)."""
-    return f"{value:+,.{digits}f}"
 
 
 def fmt_shape(shape: list[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-# ----------------------------------------------------------------------------------------- overview
-
-
-def envelope_parts(plan: Plan) -> list[tuple[str, int]]:
-    """The components of M_max in stacking order, with their bytes."""
-    e = plan.envelope
-    return [(name, getattr(e, name)) for name in COMPONENTS]
-
-
-def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
-    b = plan.bounds
-    kv = b.kv.dtype
-    if b.kv.bits is not None:
-        kv += f", {b.kv.bits}-bit, groups of {b.kv.group_size}"
-    return [
-        ("input tokens (N)", str(b.input_tokens)),
-        ("output tokens (M)", str(b.output_tokens)),
-        ("batch", str(b.batch)),
-        ("prefill chunk", str(b.prefill_chunk)),
-        ("dtype", b.dtype),
-        ("KV cache", f"{kv}, capacity {b.kv_capacity} positions"),
-    ]
-
-
-@dataclass(frozen=True)
-class Table1:
-    """The paper's Table 1 (interval colouring) for this plan, next to the paper's own figures."""
-
-    logical_tensors: int
-    physical_buffers: int
-    reduction: float
-    paper_logical: int = PAPER_LOGICAL
-    paper_physical: int = PAPER_PHYSICAL
-    paper_reduction: float = PAPER_REDUCTION
-
-
-def table1(plan: Plan) -> Table1:
-    s = plan.stats
-    return Table1(s.logical_tensors, s.physical_buffers, s.reduction)
-
-
-@dataclass(frozen=True)
-class ArenaRow:
-    name: str
-    arena: int
-    lower_bound: int
-
-    @property
-    def ratio(self) -> float | None:
-        return self.arena / self.lower_bound if self.lower_bound else None
-
-
-def arena_rows(plan: Plan) -> list[ArenaRow]:
-    """Each phase's arena against its lower bound, then the maximum over phases (``stats``)."""
-    rows = [ArenaRow(p.name, p.arena_bytes, p.lower_bound_bytes) for p in plan.phases]
-    rows.append(ArenaRow("max over phases", plan.stats.arena_bytes, plan.stats.lower_bound_bytes))
-    return rows
-
-
 # -------------------------------------------------------------------------------------- phase index
 
 
-class PhaseIndex:
+class PhaseLookup:
     """Lookups over one phase, built once (linear time) and shared by every screen."""
 
     def __init__(self, phase: Phase, alignment: int):
@@ -173,41 +88,11 @@ class PhaseIndex:
 
     def peak(self) -> tuple[int, int]:
         """(first slot where live bytes are highest, those bytes); (0, 0) for an empty phase."""
-        curve = self.curve
-        if not curve:
-            return 0, 0
-        best = max(curve)
-        return curve.index(best), best
+        return peak(self.curve)
 
     def live_at(self, slot: int) -> list[Tensor]:
         """Arena tenants live in ``slot``, largest (aligned) first, then by id."""
-        live = [
-            t
-            for t in self.phase.tensors
-            if is_arena_tenant(t) and t.interval[0] <= slot <= t.interval[1]
-        ]
-        live.sort(key=lambda t: (-self.aligned(t), t.id))
-        return live
-
-
-def memory_curve(phase: Phase, alignment: int) -> list[int]:
-    """Live bytes per slot: the aligned bytes of every arena tenant whose interval holds the slot.
-
-    The same sum ``dctms.schema.sizes.lower_bound_bytes`` maximises, so ``max(curve)`` is the bound.
-    """
-    num_slots = len(phase.slots)
-    delta = [0] * (num_slots + 1)
-    for t in phase.tensors:
-        a, b = t.interval
-        if is_arena_tenant(t) and 0 <= a <= b < num_slots:
-            size = align_up(t.bytes, alignment)
-            delta[a] += size
-            delta[b + 1] -= size
-    curve, live = [], 0
-    for change in delta[:num_slots]:
-        live += change
-        curve.append(live)
-    return curve
+        return live_at(self.phase, slot, self.alignment)
 
 
 # ------------------------------------------------------------------------------------- lifetimes
@@ -252,7 +137,7 @@ def parse_query(text: str) -> Query:
     return Query(layer, primitive, buffer, kind, tuple(words))
 
 
-def tensor_matches(index: PhaseIndex, tensor: Tensor, query: Query) -> bool:
+def tensor_matches(index: PhaseLookup, tensor: Tensor, query: Query) -> bool:
     if query.empty:
         return True
     op = index.producer_op(tensor.id)
@@ -288,7 +173,7 @@ class Row:
     buffer: int | None = None
 
 
-def tensor_rows(index: PhaseIndex, query: Query = Query()) -> list[Row]:
+def tensor_rows(index: PhaseLookup, query: Query = Query()) -> list[Row]:
     """One row per tensor matching ``query``, in order of first slot (then plan order)."""
     rows = []
     ordered = sorted(enumerate(index.phase.tensors), key=lambda p: (p[1].interval[0], p[0]))
@@ -304,7 +189,7 @@ def tensor_rows(index: PhaseIndex, query: Query = Query()) -> list[Row]:
     return rows
 
 
-def buffer_rows(index: PhaseIndex, query: Query = Query()) -> list[Row]:
+def buffer_rows(index: PhaseLookup, query: Query = Query()) -> list[Row]:
     """One row per physical buffer: its tenants (those matching ``query``) over time."""
     rows = []
     for buffer in sorted(index.phase.buffers, key=lambda b: b.id):
@@ -315,7 +200,7 @@ def buffer_rows(index: PhaseIndex, query: Query = Query()) -> list[Row]:
             Bar(t.interval[0], t.interval[1], t.id, buffer.id, shade=i % 2)
             for i, t in enumerate(tenants)
         )
-        label = f"buf {buffer.id:<3} {fmt_size(buffer.bytes):>9} {len(tenants):>3} tenants"
+        label = f"buf {buffer.id:<3} {human(buffer.bytes, 1):>9} {len(tenants):>3} tenants"
         rows.append(Row(f"buffer {buffer.id}", label, bars, buffer.id))
     return rows
 
@@ -329,7 +214,7 @@ class TensorDetails:
     slot_of_producer: int | None
 
 
-def tensor_details(index: PhaseIndex, tensor_id: str) -> TensorDetails | None:
+def tensor_details(index: PhaseLookup, tensor_id: str) -> TensorDetails | None:
     tensor = index.tensor.get(tensor_id)
     if tensor is None:
         return None
@@ -354,7 +239,7 @@ class BufferSummary:
     largest_tenant: int
 
 
-def buffer_summaries(index: PhaseIndex) -> list[BufferSummary]:
+def buffer_summaries(index: PhaseLookup) -> list[BufferSummary]:
     rows = []
     for buffer in sorted(index.phase.buffers, key=lambda b: b.id):
         tenants = index.tenants.get(buffer.id, [])
@@ -387,7 +272,7 @@ class Placement:
     buffer: int | None
 
 
-def arena_placements(index: PhaseIndex) -> list[Placement]:
+def arena_placements(index: PhaseLookup) -> list[Placement]:
     return [
         Placement(t.id, t.offset, t.offset + t.bytes, t.interval[0], t.interval[1], t.buffer)
         for t in index.phase.tensors
@@ -425,7 +310,7 @@ class SlotRow:
         return sum(1 for op in self.ops if op.memory_bound)
 
 
-def slot_rows(index: PhaseIndex) -> list[SlotRow]:
+def slot_rows(index: PhaseLookup) -> list[SlotRow]:
     curve = index.curve
     return [
         SlotRow(s, [index.op[i] for i in ops if i in index.op], curve[s], index.sync_at.get(s, ""))
@@ -436,7 +321,7 @@ def slot_rows(index: PhaseIndex) -> list[SlotRow]:
 # ------------------------------------------------------------------------------------------- ops
 
 
-def describe_value(index: PhaseIndex, name: str) -> str:
+def describe_value(index: PhaseLookup, name: str) -> str:
     """``id[1,512,448] bfloat16`` for an op input/output; the bare id when its shape is unknown."""
     known = index.shape.get(name)
     if known is None:
@@ -457,18 +342,18 @@ def op_matches(op: Op, query: Query) -> bool:
     return all(w in primitive or any(w in n for n in names) for w in query.words)
 
 
-def op_rows(index: PhaseIndex, query: Query = Query()) -> list[Op]:
+def op_rows(index: PhaseLookup, query: Query = Query()) -> list[Op]:
     return [op for op in index.phase.ops if op_matches(op, query)]
 
 
 @dataclass
-class PlanIndex:
-    """Per-phase indexes of one plan, built on first use (a 7B phase takes ~30 ms)."""
+class PlanLookup:
+    """Per-phase lookups of one plan, built on first use (a 7B phase takes ~30 ms)."""
 
     plan: Plan
-    _phases: dict[int, PhaseIndex] = field(default_factory=dict)
+    _phases: dict[int, PhaseLookup] = field(default_factory=dict)
 
-    def phase(self, number: int) -> PhaseIndex:
+    def phase(self, number: int) -> PhaseLookup:
         if number not in self._phases:
-            self._phases[number] = PhaseIndex(self.plan.phases[number], self.plan.target.alignment)
+            self._phases[number] = PhaseLookup(self.plan.phases[number], self.plan.target.alignment)
         return self._phases[number]

@@ -1,7 +1,8 @@
 """Compare two plans: envelope by component, Table 1 figures, bounds, model fingerprint, verdict.
 
-``diff_data`` builds one plain dictionary (the ``--format json`` output); ``diff_text`` and
-``diff_markdown`` only lay out its numbers, so the three formats cannot disagree.
+The rows come from ``dctms.figures.comparison`` (which the inspector's Diff screen draws too);
+``diff_data`` turns them into one plain dictionary (the ``--format json`` output), and ``diff_text``
+and ``diff_markdown`` only lay out its numbers, so the three formats cannot disagree.
 """
 
 from __future__ import annotations
@@ -9,13 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dctms.figures.comparison import ENVELOPE_LABELS, Change, Delta, plan_diff
+from dctms.figures.units import human, parse_size
 from dctms.schema.errors import DctmsError
 from dctms.schema.types import Plan
-from dctms.toolkit.sizes import human, parse_size
-
-MIB = 2**20
-ENVELOPE_FIELDS = ("weights", "kv", "persistent", "intermediate", "runtime", "total")
-ENVELOPE_LABELS = {"total": "total = M_max"}
 
 
 @dataclass(frozen=True)
@@ -64,122 +62,98 @@ def diff_data(
     thresholds: tuple[Threshold, ...] = (),
     budget: int | None = None,
 ) -> dict[str, Any]:
-    """Every number the diff shows, JSON-ready (bytes as integers)."""
+    """Every number the diff shows, JSON-ready (bytes as integers), from ``figures.comparison``."""
+    diff = plan_diff(old, new)
+    arenas = [r for r in diff.phases if r.figure == "arena"]
     return {
         "old": old_label,
         "new": new_label,
-        "envelope": _envelope_rows(old, new),
-        "stats": _stats_rows(old, new),
-        "bounds": _same_rows(_bounds(old), _bounds(new)),
-        "model": _same_rows(_model(old), _model(new)),
+        "envelope": [_delta_row(r) for r in diff.envelope],
+        "stats": [_stats_row(r) for r in diff.table1] + [_delta_row(r) for r in arenas],
+        "bounds": [_change_row(c) for c in diff.bounds],
+        "model": [_change_row(c) for c in diff.fingerprint],
+        "roofline": {
+            "profiles": {"old": old.target.profile.name, "new": new.target.profile.name},
+            "rows": [_roofline_row(r) for r in diff.roofline],
+        },
         "verdict": verdict(old.envelope.total, new.envelope.total, thresholds, budget),
     }
 
 
-def _delta_row(name: str, old: int | None, new: int | None) -> dict[str, Any]:
-    delta = None if old is None or new is None else new - old
+def _delta_row(row: Delta) -> dict[str, Any]:
+    delta = row.delta
     return {
-        "name": name,
-        "old": old,
-        "new": new,
+        "name": row.key,
+        "old": row.old,
+        "new": row.new,
         "delta": delta,
-        "delta_mib": None if delta is None else round(delta / MIB, 2),
-        "delta_percent": _percent(old, delta),
+        "delta_mib": None if delta is None else round(row.delta_mib, 2),
+        "delta_percent": _rounded(row.percent),
     }
+
+
+def _stats_row(row: Delta) -> dict[str, Any]:
+    if row.key == "reduction":  # a fraction; its change is shown in percentage points
+        return {
+            "name": row.key,
+            "old": row.old,
+            "new": row.new,
+            "delta": round(row.delta, 6),
+            "delta_percent": None,
+        }
+    if row.key in ("logical_tensors", "physical_buffers"):  # counts: no MiB
+        return {
+            "name": row.key,
+            "old": row.old,
+            "new": row.new,
+            "delta": row.delta,
+            "delta_percent": _rounded(row.percent),
+        }
+    return _delta_row(row)
+
+
+def _roofline_row(row: Delta) -> dict[str, Any]:
+    return {
+        "name": row.key,
+        "label": row.name,
+        "old": row.old,
+        "new": row.new,
+        "delta": row.delta,
+        "delta_percent": _rounded(row.percent),
+    }
+
+
+def _roofline_title(data: dict[str, Any]) -> str:
+    p = data["roofline"]["profiles"]
+    where = p["new"] if p["old"] == p["new"] else f"{p['old']} -> {p['new']}"
+    return f"predicted at the roofline ({where})"
+
+
+def _speed(v: float | None, sign: str = "") -> str:
+    """3-4 significant digits: 1,376 / 3.35 / 0.298."""
+    if v is None:
+        return "-"
+    if abs(v) >= 100:
+        return f"{v:{sign},.0f}"
+    return f"{v:{sign},.2f}" if abs(v) >= 1 else f"{v:{sign}.3g}"
+
+
+def _signed_speed(v: float | None) -> str:
+    return _speed(v, "+")
+
+
+def _change_row(change: Change) -> dict[str, Any]:
+    return {"name": change.key, "old": change.old, "new": change.new, "changed": change.changed}
+
+
+def _rounded(percent: float | None) -> float | None:
+    return None if percent is None else round(percent, 4)
 
 
 def _percent(old: int | float | None, delta: int | float | None) -> float | None:
     if old is None or delta is None or old == 0:
         return None
     return round(100 * delta / old, 4)
-
-
-def _envelope_rows(old: Plan, new: Plan) -> list[dict[str, Any]]:
-    a, b = old.envelope, new.envelope
-    rows = [_delta_row(f, getattr(a, f), getattr(b, f)) for f in ENVELOPE_FIELDS]
-    for f in ("device", "free"):  # budgets given at compile time, when either plan has one
-        if getattr(a, f) is not None or getattr(b, f) is not None:
-            rows.append(_delta_row(f, getattr(a, f), getattr(b, f)))
-    return rows
-
-
-def _stats_rows(old: Plan, new: Plan) -> list[dict[str, Any]]:
-    rows = []
-    for f in ("logical_tensors", "physical_buffers"):
-        rows.append(_count_row(f, getattr(old.stats, f), getattr(new.stats, f)))
-    ra, rb = old.stats.reduction, new.stats.reduction
-    rows.append(
-        {
-            "name": "reduction",
-            "old": ra,
-            "new": rb,
-            "delta": round(rb - ra, 6),  # a fraction; shown as percentage points
-            "delta_percent": None,
-        }
-    )
-    rows.append(_delta_row("arena_bytes", old.stats.arena_bytes, new.stats.arena_bytes))
-    rows.append(
-        _delta_row("lower_bound_bytes", old.stats.lower_bound_bytes, new.stats.lower_bound_bytes)
-    )
-    arenas_a = {p.name: p.arena_bytes for p in old.phases}
-    arenas_b = {p.name: p.arena_bytes for p in new.phases}
-    for name in list(arenas_a) + [n for n in arenas_b if n not in arenas_a]:
-        rows.append(_delta_row(f"arena {name}", arenas_a.get(name), arenas_b.get(name)))
-    return rows
-
-
-def _count_row(name: str, old: int, new: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "old": old,
-        "new": new,
-        "delta": new - old,
-        "delta_percent": _percent(old, new - old),
-    }
-
-
-def _kv_text(plan: Plan) -> str:
-    kv = plan.bounds.kv
-    return kv.dtype if kv.bits is None else f"{kv.dtype}, {kv.bits}-bit, group {kv.group_size}"
-
-
-def _bounds(plan: Plan) -> dict[str, Any]:
-    b, t, g = plan.bounds, plan.target, plan.generator
-    return {
-        "input_tokens": b.input_tokens,
-        "output_tokens": b.output_tokens,
-        "batch": b.batch,
-        "prefill_chunk": b.prefill_chunk,
-        "dtype": b.dtype,
-        "kv": _kv_text(plan),
-        "kv_capacity": b.kv_capacity,
-        "backend": t.backend,
-        "alignment": t.alignment,
-        "profile": t.profile.name,
-        "run_ahead_dispatches": t.run_ahead_dispatches,
-        "generator": f"dctms {g.dctms}, mlx {g.mlx}, mlx-lm {g.mlx_lm}",
-    }
-
-
-def _model(plan: Plan) -> dict[str, Any]:
-    m, w = plan.model, plan.model.weights
-    q = m.quantization
-    files = w.files_sha256
-    return {
-        "architecture": m.architecture,
-        "config_sha256": m.config_sha256,
-        "num_layers": m.num_layers,
-        "vocab_size": m.vocab_size,
-        "weights_count": w.count,
-        "weights_total_bytes": w.total_bytes,
-        "weights_layout_sha256": w.layout_sha256,
-        "weights_files_sha256": None if files is None else dict(sorted(files.items())),
-        "quantization": None if q is None else f"{q.bits}-bit, group {q.group_size}, {q.mode}",
-    }
-
-
-def _same_rows(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"name": k, "old": a[k], "new": b[k], "changed": a[k] != b[k]} for k in a]
 
 
 def verdict(
@@ -314,6 +288,15 @@ def diff_text(data: dict[str, Any]) -> str:
         for r in data[key]:
             mark = "  *" if r["changed"] else ""
             out.append(f"  {r['name']:<22} {_short(r['old']):<{width}} {_short(r['new'])}{mark}")
+    out += [
+        "",
+        f"{_roofline_title(data):<46} {'old':>12} {'new':>12} {'delta':>12} {'delta %':>10}",
+    ]
+    for r in data["roofline"]["rows"]:
+        out.append(
+            f"  {r['label']:<44} {_speed(r['old']):>12} {_speed(r['new']):>12} "
+            f"{_signed_speed(r['delta']):>12} {_signed_pct(r['delta_percent']):>10}"
+        )
     out += ["", "(* = changed)", _verdict_line(data)]
     return "\n".join(out) + "\n"
 
@@ -355,5 +338,11 @@ def diff_markdown(data: dict[str, Any]) -> str:
                 out += ["", f"Unchanged {title}: {', '.join(same)}."]
         else:
             out.append(f"No change in {title} ({', '.join(same)}).")
+    out += ["", f"| {_roofline_title(data)} | old | new | Δ | Δ % |", "|---|---:|---:|---:|---:|"]
+    for r in data["roofline"]["rows"]:
+        out.append(
+            f"| {r['label']} | {_speed(r['old'])} | {_speed(r['new'])} | "
+            f"{_signed_speed(r['delta'])} | {_signed_pct(r['delta_percent'])} |"
+        )
     out += ["", f"{icon} **{_verdict_line(data)}**"]
     return "\n".join(out) + "\n"

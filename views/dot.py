@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import graphviz
 
+from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
 from dctms.schema.phase_index import build_index
 from dctms.schema.sizes import is_arena_tenant
 from dctms.schema.types import Op, Phase, Plan, Tensor
-from dctms.toolkit.sizes import human
 
 VIEWS = ("lifetimes", "buffers", "graph")
 FLAT_LIMIT = 400  # ops: larger selections of the graph view collapse to layers unless --flat

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dctms.figures.units import MIB, human
 from dctms.schema.types import Plan
-from dctms.toolkit.sizes import human
 
 DEFAULT_CAP = 2**20  # when the config names no max_position_embeddings
-MIB = 2**20
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dctms.figures.roofline import plan_roofline, seconds_text, tokens_per_s_text
+from dctms.figures.units import human
 from dctms.schema.types import Plan
-from dctms.toolkit.sizes import human
-from dctms.views.roofline import plan_roofline
-from dctms.views.roofline_text import seconds_text, tokens_per_s_text
 
 DEFAULT_CHUNKS = (32, 64, 128, 256, 512, 1024, 2048)
 

@@ -48,6 +48,9 @@ class Pool:
     members: tuple[PoolMember, ...]
     concurrent: bool
     budget: int | None
+    # What the hosting process adds outside MLX beyond a runner's baseline (``dctms serve``: its
+    # HTTP stack, transformers for chat templates): (what and where the figure comes from, bytes).
+    extras: tuple[tuple[str, int], ...] = ()
 
     @property
     def held(self) -> int:
@@ -70,7 +73,7 @@ class Pool:
 
     @property
     def runtime(self) -> int:
-        return self.baseline + self.cache
+        return self.baseline + self.cache + sum(b for _, b in self.extras)
 
     @property
     def provable(self) -> int:
@@ -99,7 +102,7 @@ class Pool:
         if self.budget is None:
             return len(self.members)
         for k in range(len(self.members), 0, -1):
-            if compose(self.members[:k], self.concurrent, self.budget).fits:
+            if compose(self.members[:k], self.concurrent, self.budget, self.extras).fits:
                 return k
         return 0
 
@@ -120,13 +123,13 @@ def member(name: str, plan: Plan) -> PoolMember:
 
 
 def compose(members: tuple[PoolMember, ...] | list[PoolMember], concurrent: bool,
-            budget: int | None) -> Pool:
-    return Pool(tuple(members), concurrent, budget)
+            budget: int | None, extras: tuple[tuple[str, int], ...] = ()) -> Pool:
+    return Pool(tuple(members), concurrent, budget, tuple(extras))
 
 
 def pool_of(named_plans: list[tuple[str, Plan]], concurrent: bool = False,
-            budget: int | None = None) -> Pool:
-    return compose([member(n, p) for n, p in named_plans], concurrent, budget)
+            budget: int | None = None, extras: tuple[tuple[str, int], ...] = ()) -> Pool:
+    return compose([member(n, p) for n, p in named_plans], concurrent, budget, extras)
 
 
 def explanation(pool: Pool) -> list[str]:
@@ -137,12 +140,14 @@ def explanation(pool: Pool) -> list[str]:
         else "shared: one call at a time, and a call's arena is free when it returns, so the "
         "largest arena serves every plan"
     )
-    return [
+    lines = [
         "weights, KV cache, persistent: summed (every plan holds them for the life of the process)",
         f"intermediate arena: {arena}",
         "runtime: the process baseline once per process (the largest plan's), plus MLX's buffer "
         "cache, a process-wide limit: " + ("summed" if pool.concurrent else "the largest"),
     ]
+    lines += [f"runtime, once per process: + {what} ({size / MIB:.0f} MiB)" for what, size in pool.extras]
+    return lines
 
 
 def pool_summary(pool: Pool) -> dict:
@@ -155,6 +160,7 @@ def pool_summary(pool: Pool) -> dict:
         "runtime": pool.runtime,
         "runtime_baseline": pool.baseline,
         "runtime_cache": pool.cache,
+        "runtime_extras": [{"what": w, "bytes": b} for w, b in pool.extras],
         "provable": pool.provable,
         "total": pool.total,
         "separate_total": pool.separate_total,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dctms.figures.roofline import plan_roofline
 from dctms.schema.errors import DctmsError
 from dctms.schema.types import Plan, TargetProfile
-from dctms.views.roofline import plan_roofline
 
 SUMMARY_FORMAT = "dctms-bench-summary/1"
 RUNNER = "runner"

@@ -3,27 +3,10 @@ bench summary is given, predicted against measured."""
 
 from __future__ import annotations
 
+from dctms.figures.roofline import ClassRow, Roofline, seconds_text, tokens_per_s_text
 from dctms.schema.types import Plan
-from dctms.views.roofline import ClassRow, Roofline
 
 MIB = 2**20
-
-
-def seconds_text(seconds: float) -> str:
-    """A duration with a unit that keeps 3-4 significant digits."""
-    if seconds >= 100:
-        return f"{seconds:,.0f} s"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} us"
-
-
-def tokens_per_s_text(rate: float | None) -> str:
-    if rate is None:
-        return "-"
-    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
 
 
 def _row(row: ClassRow, ridge: float) -> str:

@@ -1,15 +1,14 @@
-"""``dctms show``'s text: bounds, the memory envelope, the paper's Table 1, arena vs lower bound."""
+"""``dctms show``'s text: bounds, the memory envelope, the paper's Table 1, arena vs lower bound.
+
+The rows are ``dctms.figures.overview``'s (the inspector's Overview draws the same ones).
+"""
 
 from __future__ import annotations
 
+from dctms.figures.overview import arena_rows, bounds_rows, envelope_rows, header, slack_by_phase
+from dctms.figures.overview import table1 as table1_figures
+from dctms.figures.units import MIB
 from dctms.schema.types import Plan
-
-# The paper's Table 1 (logical tensors -> physical buffers), printed for comparison.
-PAPER_LOGICAL = 448
-PAPER_PHYSICAL = 122
-PAPER_REDUCTION = 1 - PAPER_PHYSICAL / PAPER_LOGICAL  # 72.77%
-
-MIB = 2**20
 
 
 def show_text(plan: Plan) -> str:
@@ -21,71 +20,47 @@ def show_text(plan: Plan) -> str:
 
 
 def _header(plan: Plan) -> str:
-    g, m, t = plan.generator, plan.model, plan.target
+    h = header(plan)
     return (
-        f"plan: {m.architecture}, {m.num_layers} layers, {m.weights.count} weight tensors, "
-        f"target {t.backend} (alignment {t.alignment})\n"
-        f"schema v{plan.schema_version}; compiled by dctms {g.dctms}, mlx {g.mlx}, mlx-lm {g.mlx_lm}"
+        f"plan: {h.architecture}, {h.num_layers} layers, {h.weight_tensors} weight tensors, "
+        f"target {h.backend} (alignment {h.alignment})\n"
+        f"schema v{h.schema_version}; compiled by {h.generator}"
     )
 
 
 def _bounds(plan: Plan) -> str:
-    b = plan.bounds
-    kv = b.kv.dtype
-    if b.kv.bits is not None:
-        kv += f", {b.kv.bits}-bit, groups of {b.kv.group_size}"
-    rows = [
-        ("input tokens (N)", b.input_tokens),
-        ("output tokens (M)", b.output_tokens),
-        ("batch", b.batch),
-        ("prefill chunk", b.prefill_chunk),
-        ("dtype", b.dtype),
-        ("KV cache", f"{kv}, capacity {b.kv_capacity} positions"),
-    ]
-    return "bounds\n" + "\n".join(f"  {name:<20} {value}" for name, value in rows)
+    return "bounds\n" + "\n".join(f"  {name:<20} {value}" for name, value in bounds_rows(plan))
 
 
 def _envelope(plan: Plan) -> str:
-    e = plan.envelope
-    rows = [
-        ("weights", e.weights, ""),
-        ("kv", e.kv, ""),
-        ("persistent", e.persistent, ""),
-        ("intermediate", e.intermediate, ""),
-        ("runtime", e.runtime, f"  ({e.runtime_source})" if e.runtime_source else ""),
-        ("total = M_max", e.total, ""),
-    ]
-    if e.device is not None:
-        rows.append(("device", e.device, ""))
-    if e.free is not None:
-        rows.append(("free", e.free, "  (does not fit)" if e.free < 0 else ""))
     lines = [f"{'memory envelope':<20} {'bytes':>18} {'MiB':>12}"]
-    lines += [f"  {name:<18} {value:>18,} {value / MIB:>12.2f}{note}" for name, value, note in rows]
+    for row in envelope_rows(plan):
+        note = f"  ({row.note})" if row.note else ""
+        lines.append(f"  {row.name:<18} {row.bytes:>18,} {row.bytes / MIB:>12.2f}{note}")
     return "\n".join(lines)
 
 
 def _table1(plan: Plan) -> str:
-    s = plan.stats
+    t = table1_figures(plan)
     return "\n".join(
         [
             f"{'Table 1: interval colouring':<28} {'this plan':>10} {'paper':>8}",
-            f"  {'logical tensors':<26} {s.logical_tensors:>10,} {PAPER_LOGICAL:>8}",
-            f"  {'physical buffers':<26} {s.physical_buffers:>10,} {PAPER_PHYSICAL:>8}",
-            f"  {'reduction':<26} {s.reduction:>10.2%} {PAPER_REDUCTION:>8.2%}",
+            f"  {'logical tensors':<26} {t.logical_tensors:>10,} {t.paper_logical:>8}",
+            f"  {'physical buffers':<26} {t.physical_buffers:>10,} {t.paper_physical:>8}",
+            f"  {'reduction':<26} {t.reduction:>10.2%} {t.paper_reduction:>8.2%}",
         ]
     )
 
 
 def _arena(plan: Plan) -> str:
-    rows = [(p.name, p.arena_bytes, p.lower_bound_bytes) for p in plan.phases]
-    rows.append(("max over phases", plan.stats.arena_bytes, plan.stats.lower_bound_bytes))
     lines = [f"{'arena vs lower bound':<28} {'arena':>16} {'lower bound':>16} {'ratio':>7}"]
-    for name, arena, bound in rows:
-        ratio = f"{arena / bound:.3f}" if bound else "n/a"
-        lines.append(f"  {name:<26} {arena:>16,} {bound:>16,} {ratio:>7}")
-    if any(p.slack_bytes for p in plan.phases):
-        slack = ", ".join(f"{p.name} {p.slack_bytes:,}" for p in plan.phases)
-        lines.append(f"  allocator cache-reuse slack (in M_intermediate): {slack} bytes")
+    for row in arena_rows(plan):
+        ratio = "n/a" if row.ratio is None else f"{row.ratio:.3f}"
+        lines.append(f"  {row.name:<26} {row.arena:>16,} {row.lower_bound:>16,} {ratio:>7}")
+    slack = slack_by_phase(plan)
+    if slack:
+        text = ", ".join(f"{name} {size:,}" for name, size in slack)
+        lines.append(f"  allocator cache-reuse slack (in M_intermediate): {text} bytes")
     return "\n".join(lines)
 
 

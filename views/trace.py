@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from dctms.figures.units import human
 from dctms.schema.phase_index import build_index
 from dctms.schema.sizes import align_up, is_arena_tenant
 from dctms.schema.types import Phase, Plan
-from dctms.toolkit.sizes import human
 
 TIME_UNIT_NOTE = (
     "ts and dur count schedule slots (ops in one slot run together), not time: "

@@ -84,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
     from dctms.runner.load import load_checked_plan
     from dctms.schema.errors import DctmsError
     from dctms.schema.model_folder import open_model_folder
+    from dctms.schema.output import check_output_folder
 
+    # Before anything is loaded: a folder, or a new path in a writable one.
+    check_output_folder(args.out, label=f"--out {args.out or repr(args.out)}")
     if args.reps < 1:
         raise DctmsError(f"--reps must be at least 1, got {args.reps}")
     if args.warmup < 0:

@@ -7,7 +7,8 @@ import sys
 import time
 
 from dctms.cli.compile_options import add_compile_options, compile_options
-from dctms.toolkit.sizes import human
+from dctms.figures.units import human
+from dctms.schema.errors import DctmsError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,9 +35,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.cli.inputs import model_inputs
+    from dctms.schema.output import reserve_output
+
+    if not args.output or args.output == "-":
+        if args.output == "":
+            raise DctmsError("-o '': empty path (use - for stdout)")
+        return _run(args, None)
+    # Checked (and the file reserved) before any work: never onto the model, a device or a folder.
+    inputs = model_inputs(args.model)
+    with reserve_output(args.output, inputs=inputs, label=f"-o {args.output}") as target:
+        return _run(args, target)
+
+
+def _run(args: argparse.Namespace, target) -> int:
     # The compiler (mlx.nn, numpy, mlx-lm) is imported here, not at parse time, so other
     # subcommands -- `dctms run` above all -- never load it.
-    from dctms.schema.io import encode_plan, write_plan
+    from dctms.schema.io import encode_plan
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan
 
@@ -51,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     source = open_model(args.model)
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_plan(source, opts, progress)
-    if args.output and args.output != "-":
-        write_plan(plan, args.output)
+    if target is not None:
+        target.write(encode_plan(plan))
         progress(f"wrote {args.output}")
     else:
         sys.stdout.buffer.write(encode_plan(plan))

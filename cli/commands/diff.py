@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.figures.units import parse_size
     from dctms.schema.io import read_plan
-    from dctms.toolkit.sizes import parse_size
     from dctms.views.diff import diff_data, diff_markdown, diff_text, parse_threshold
 
     # Parse the limits first: a typo should not cost reading two 2 MB plans.

@@ -71,6 +71,14 @@ def parse_layers(text: str | None) -> tuple[int, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.schema.output import reserve_output
+
+    # Checked (and the file reserved) before any work: never a device, a folder or the plan.
+    with reserve_output(args.output, inputs=[args.plan], label=f"-o {args.output}") as target:
+        return _run(args, target)
+
+
+def _run(args: argparse.Namespace, target) -> int:
     from dctms.schema.io import read_plan
     from dctms.views import dot as views
 
@@ -106,10 +114,7 @@ def run(args: argparse.Namespace) -> int:
         data = graph.source.encode("utf-8")
     else:
         data = _render(graph, suffix[1:])
-    try:
-        out.write_bytes(data)
-    except OSError as err:
-        raise DctmsError(f"{args.output}: cannot write: {err.strerror or err}") from None
+    target.write(data)
     return 0
 
 

@@ -99,10 +99,34 @@ def _chunks(args: argparse.Namespace) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dctms.schema.io import write_plan
+    from dctms.cli.inputs import model_inputs
+    from dctms.schema.output import reserve_output
+
+    if args.output is None:
+        return _run(args, None)
+    # Checked (and the file reserved) before the search: never onto the model, a device or a folder.
+    label = f"-o {args.output or repr(args.output)}"
+    with reserve_output(args.output, inputs=model_inputs(args.model), label=label) as target:
+        return _run(args, target)
+
+
+def _write(target, plan, args, source) -> None:
+    """The plan at the fit, as ``dctms compile`` would write it (with its real-length points)."""
+    if target is not None:
+        from dctms.schema.io import encode_plan
+        from dctms.toolkit.compiler import compile_plan
+
+        b = plan.bounds
+        opts = compile_options(
+            args, b.input_tokens, b.output_tokens, prefill_chunk=b.prefill_chunk
+        )
+        target.write(encode_plan(compile_plan(source, opts)))
+
+
+def _run(args: argparse.Namespace, target) -> int:
+    from dctms.figures.units import human
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan
-    from dctms.toolkit.sizes import human
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
     budget = memory_budget(args)
@@ -143,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             compiles += 1
             n, m = (value, fixed) if search_n else (fixed, value)
             # Probes skip the real-length points (they do not change the envelope); the plan
-            # written with -o is compiled with them (final_plan).
+            # written with -o is compiled with them (_write).
             opts = replace(compile_options(args, n, m, prefill_chunk=chunk), real_lengths=False)
             plan = compile_plan(source, opts)
             total = plan.envelope.total
@@ -164,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.search == "chunk":
         return _run_chunk_search(
-            args, search, chunks, letter, other, fixed, budget, start, cap_reason, source
+            args, search, chunks, letter, other, fixed, budget, start, cap_reason, target, source
         )
 
     result, plan = search(chunks[0], None, "")
@@ -172,8 +196,7 @@ def run(args: argparse.Namespace) -> int:
     if result.best is None or plan is None:
         return _nothing_fits(args, result, letter, other, fixed, budget)
     summary = fit_summary(result, plan, "input_tokens" if search_n else "output_tokens", elapsed)
-    if args.output:
-        write_plan(final_plan(args, source, plan), args.output)
+    _write(target, plan, args, source)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
@@ -182,18 +205,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def final_plan(args, source, probe: Plan) -> Plan:
-    """The plan at the fit as ``dctms compile`` would write it (with its real-length points)."""
-    from dctms.cli.compile_options import compile_options
-    from dctms.toolkit.compiler import compile_plan
-
-    b = probe.bounds
-    opts = compile_options(args, b.input_tokens, b.output_tokens, prefill_chunk=b.prefill_chunk)
-    return compile_plan(source, opts)
-
-
 def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int) -> int:
-    from dctms.toolkit.sizes import human
+    from dctms.figures.units import human
 
     first = result.probe(1)
     short = first.total - budget
@@ -209,10 +222,9 @@ def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int
 
 
 def _run_chunk_search(
-    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, source=None
+    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, target, source
 ) -> int:
-    from dctms.schema.io import write_plan
-    from dctms.toolkit.sizes import human
+    from dctms.figures.units import human
     from dctms.views.fit import fit_summary, fit_text
     from dctms.views.fit_chunks import best_row, chunk_doc, chunk_row, chunk_table_text
 
@@ -255,8 +267,7 @@ def _run_chunk_search(
         result, plan, "input_tokens" if letter == "N" else "output_tokens", elapsed
     )
     summary["compiles"] = sum(len(r.probes) for _, r, _ in found)
-    if args.output:
-        write_plan(final_plan(args, source, plan), args.output)
+    _write(target, plan, args, source)
     profile = plan.target.profile.name
     if args.json:
         doc = {

@@ -51,8 +51,8 @@ def named_plan_paths(specs: list[str]) -> list[tuple[str, Path]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.figures.units import parse_size
     from dctms.schema.io import read_plan
-    from dctms.toolkit.sizes import parse_size
     from dctms.views.pool import pool_of, pool_summary, pool_text
 
     try:

@@ -51,8 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.figures.roofline import plan_roofline, roofline_doc
     from dctms.schema.io import read_plan
-    from dctms.views.roofline import plan_roofline, roofline_doc
     from dctms.views.roofline_bench import compare_with_bench, read_bench_summary
     from dctms.views.roofline_text import comparison_text, roofline_text
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dctms.figures.units import MIB
+
 EXIT_OVER_ENVELOPE = 3
 
 
@@ -44,19 +46,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.cli.inputs import model_inputs
+    from dctms.schema.output import reserve_output
+
+    if args.report is None:
+        return _run(args, None)
+    # Checked (and the file reserved) before anything is loaded or generated.
+    label = f"--report {args.report or repr(args.report)}"
+    inputs = [args.plan, *model_inputs(args.model)]
+    with reserve_output(args.report, inputs=inputs, label=label) as target:
+        return _run(args, target)
+
+
+def _run(args: argparse.Namespace, target) -> int:
     # Imports here keep `dctms run` free of the compiler's modules.
     import mlx.core as mx
 
     from dctms.runner.load import load_checked_plan
     from dctms.runner.measure import RssSampler
-    from dctms.runner.report import build_report, write_report
+    from dctms.runner.report import build_report, report_bytes
     from dctms.runner.request import validate_request
     from dctms.runner.session import Session
     from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids, parse_token_list
+    from dctms.schema.errors import DctmsError
     from dctms.schema.model_folder import open_model_folder
 
     plan = load_checked_plan(args.plan)
     model = open_model_folder(args.model)
+    if args.prompt is not None:
+        try:
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DctmsError("--prompt is not valid UTF-8 text") from None
     tokenizer = None
     if args.prompt is not None or (model.path / "tokenizer.json").is_file():
         tokenizer = Tokenizer(model.path)
@@ -75,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
         gen = session.generate(request)
     text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
     report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, prompt)
-    if args.report:
-        write_report(report, args.report)
+    if target is not None:
+        target.write(report_bytes(report))
     print(text if text is not None else ",".join(map(str, gen.tokens)))
     print(summary(report), file=sys.stderr)
     if not report["within_envelope"]:
@@ -92,18 +113,17 @@ def run(args: argparse.Namespace) -> int:
 def summary(report: dict) -> str:
     from dctms.runner.blas import BlasInfo
 
-    mib = 2**20
     obs = report["observed"]
     return "\n".join(
         [
             f"generated {len(report['tokens'])} tokens; TTFT {report['ttft_s'] * 1000:.1f} ms; "
             f"decode {report['tokens_per_s']:.1f} tok/s",
             f"{'':24}{'bytes':>16}{'MiB':>12}",
-            f"{'provable M_max':24}{report['provable_bytes']:>16,}{report['provable_bytes'] / mib:>12.2f}",
-            f"{'observed MLX peak':24}{obs['mlx_peak_bytes']:>16,}{obs['mlx_peak_bytes'] / mib:>12.2f}",
+            f"{'provable M_max':24}{report['provable_bytes']:>16,}{report['provable_bytes'] / MIB:>12.2f}",
+            f"{'observed MLX peak':24}{obs['mlx_peak_bytes']:>16,}{obs['mlx_peak_bytes'] / MIB:>12.2f}",
             f"{'M_max (with runtime)':24}{report['envelope']['total']:>16,}"
-            f"{report['envelope']['total'] / mib:>12.2f}",
-            f"{'observed RSS peak':24}{obs['rss_peak_bytes']:>16,}{obs['rss_peak_bytes'] / mib:>12.2f}",
+            f"{report['envelope']['total'] / MIB:>12.2f}",
+            f"{'observed RSS peak':24}{obs['rss_peak_bytes']:>16,}{obs['rss_peak_bytes'] / MIB:>12.2f}",
             f"within envelope: {'yes' if report['within_envelope'] else 'NO'} "
             f"(M_max provable / observed = {_ratio(report['envelope_over_observed'])})",
             f"BLAS: {BlasInfo(**report['blas']).describe()}",

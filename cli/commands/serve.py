@@ -52,9 +52,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import psutil
 
+    from dctms.figures.units import human, parse_size
     from dctms.runner.load import load_checked_plan
+    from dctms.runner.tokenize import Tokenizer
+    from dctms.serve.allowance import serving_extras
     from dctms.serve.spec import parse_plan_specs
-    from dctms.toolkit.sizes import human, parse_size
     from dctms.views.pool import pool_of, pool_summary
 
     try:
@@ -77,7 +79,12 @@ def run(args: argparse.Namespace) -> int:
             budget = parse_size(args.memory)
         except DctmsError as err:
             raise DctmsError(f"--memory: {err}") from None
-    pool = pool_of([(s.name, p) for s, p in zip(specs, plans, strict=True)], budget=budget)
+    chat = any(Tokenizer(s.model_dir).has_chat_template for s in specs if s.model_dir.is_dir())
+    pool = pool_of(
+        [(s.name, p) for s, p in zip(specs, plans, strict=True)],
+        budget=budget,
+        extras=serving_extras(chat),
+    )
     if not pool.fits:
         raise DctmsError(
             f"the pool of {len(plans)} plan(s) needs {human(pool.total)} ({pool.total:,} bytes), "

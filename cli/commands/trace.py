@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-
-from dctms.schema.errors import DctmsError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +28,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.schema.output import reserve_output
+
+    if args.output == "-":
+        return _run(args, None)
+    # Checked (and the file reserved) before any work: never a device, a folder or the plan.
+    with reserve_output(args.output, inputs=[args.plan], label=f"-o {args.output}") as target:
+        return _run(args, target)
+
+
+def _run(args: argparse.Namespace, target) -> int:
     from dctms.schema.io import read_plan
     from dctms.views.dot import select_phase
     from dctms.views.trace import phase_events, trace_document
@@ -42,13 +49,10 @@ def run(args: argparse.Namespace) -> int:
         pid = plan.phases.index(phase) + 1
         document["traceEvents"] = phase_events(plan, phase, pid)
     text = json.dumps(document, separators=(",", ":")) + "\n"
-    if args.output == "-":
+    if target is None:
         sys.stdout.write(text)
         return 0
-    try:
-        Path(args.output).write_text(text, encoding="utf-8")
-    except OSError as err:
-        raise DctmsError(f"{args.output}: cannot write: {err.strerror or err}") from None
+    target.write(text.encode("utf-8"))
     spans = sum(1 for e in document["traceEvents"] if e["ph"] == "X")
     print(
         f"wrote {args.output}: {spans:,} tenant spans; open in https://ui.perfetto.dev "

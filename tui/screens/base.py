@@ -11,31 +11,33 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Input
 
-from dctms.tui.data import PhaseIndex, Query, parse_query
+from dctms.tui.data import PhaseLookup, Query, parse_query
 from dctms.tui.widgets.navbar import NavBar, PhaseBar
 
 if TYPE_CHECKING:
     from dctms.tui.app import InspectorApp
-    from dctms.tui.state import Session
+    from dctms.tui.state import Inspection
 
 SEARCH_DELAY_S = 0.3  # typing pauses this long before a large list is filtered again
 
 
 class InspectorScreen(Screen):
-    """A screen of the inspector: ``MODE`` is its mode name (see ``dctms.tui.state.SCREENS``)."""
+    """A screen of the inspector: ``MODE`` is its mode name, ``TITLE`` its name in the navigation bar
+    (the order is ``dctms.tui.app.SCREEN_ORDER``)."""
 
     MODE: ClassVar[str] = ""
+    TITLE: ClassVar[str] = ""
 
     @property
     def inspector(self) -> InspectorApp:
         return cast("InspectorApp", self.app)
 
     @property
-    def session(self) -> Session:
-        return self.inspector.session
+    def inspection(self) -> Inspection:
+        return self.inspector.inspection
 
     def compose(self) -> ComposeResult:
-        yield NavBar(self.session.screens, self.MODE, self.session.title)
+        yield NavBar(self.inspector.screen_titles, self.MODE, self.inspection.title)
         yield from self.compose_body()
         yield Footer()
 
@@ -49,11 +51,11 @@ class PhaseScreen(InspectorScreen):
     def __init__(self) -> None:
         super().__init__()
         self.shown_phase: int | None = None
-        self.index: PhaseIndex | None = None
+        self.index: PhaseLookup | None = None
 
     def compose(self) -> ComposeResult:
-        yield NavBar(self.session.screens, self.MODE, self.session.title)
-        yield PhaseBar([p.name for p in self.session.plan.phases])
+        yield NavBar(self.inspector.screen_titles, self.MODE, self.inspection.title)
+        yield PhaseBar([p.name for p in self.inspection.plan.phases])
         yield from self.compose_body()
         yield Footer()
 
@@ -67,40 +69,44 @@ class PhaseScreen(InspectorScreen):
 
     def sync_phase(self) -> None:
         phase = self.inspector.phase
-        if phase == self.shown_phase or not self.session.plan.phases:
+        if phase == self.shown_phase or not self.inspection.plan.phases:
             return
         self.shown_phase = phase
-        self.index = self.session.index.phase(phase)
+        self.index = self.inspection.index.phase(phase)
         self.query_one(PhaseBar).show_phase(phase, self.phase_note(self.index))
         self.load_phase(self.index)
 
-    def phase_note(self, index: PhaseIndex) -> str:
+    def phase_note(self, index: PhaseLookup) -> str:
         p = index.phase
         return (
             f"{p.tokens} token(s) per call, {len(p.ops):,} ops, {len(p.tensors):,} tensors, "
             f"{len(p.slots):,} slots, {len(p.buffers):,} buffers"
         )
 
-    def load_phase(self, index: PhaseIndex) -> None:
+    def load_phase(self, index: PhaseLookup) -> None:
         """Fill the screen's widgets for ``index``; subclasses implement it."""
 
 
-class SearchMixin:
-    """``/`` focuses the screen's ``Input#search``; enter applies it, escape returns to ``main``.
-
-    Screens using it define ``apply_search(query)`` and ``main_widget()``.
+class SearchScreen(PhaseScreen):
+    """A per-phase screen with a search box: ``/`` focuses it, enter applies it, escape returns to
+    ``main_widget()``. Subclasses set ``SEARCH_PLACEHOLDER``, yield ``search_box()`` in
+    ``compose_body`` and define ``apply_search(query)`` and ``main_widget()``.
     """
 
-    SEARCH_BINDINGS = [
+    BINDINGS = [
         Binding("slash", "search", "search", key_display="/"),
         Binding("escape", "leave_search", "back", show=False),
     ]
+    SEARCH_PLACEHOLDER: ClassVar[str] = "/ search"
 
     _search_timer: Timer | None = None
     query_text: str = ""
 
+    def search_box(self) -> Input:
+        return Input(placeholder=self.SEARCH_PLACEHOLDER, id="search")
+
     def action_search(self) -> None:
-        self.query_one("#search", Input).focus()  # type: ignore[attr-defined]
+        self.query_one("#search", Input).focus()
 
     def action_leave_search(self) -> None:
         self.main_widget().focus()
@@ -110,9 +116,7 @@ class SearchMixin:
             return
         if self._search_timer is not None:
             self._search_timer.stop()
-        self._search_timer = self.set_timer(  # type: ignore[attr-defined]
-            SEARCH_DELAY_S, lambda: self.run_search(event.value)
-        )
+        self._search_timer = self.set_timer(SEARCH_DELAY_S, lambda: self.run_search(event.value))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id != "search":

@@ -5,17 +5,17 @@ from __future__ import annotations
 from rich.markup import escape
 from textual.app import ComposeResult
 from textual.widget import Widget
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
+from dctms.figures.units import exact_bytes
 from dctms.tui.data import (
-    PhaseIndex,
+    PhaseLookup,
     Query,
     arena_placements,
     buffer_rows,
     buffer_summaries,
-    fmt_bytes,
 )
-from dctms.tui.screens.base import PhaseScreen, SearchMixin
+from dctms.tui.screens.base import SearchScreen
 from dctms.tui.widgets.arena_map import ArenaMap
 from dctms.tui.widgets.gantt import Gantt
 from dctms.tui.widgets.timechart import TimeChart
@@ -23,10 +23,10 @@ from dctms.tui.widgets.timechart import TimeChart
 MAX_TENANTS_SHOWN = 12
 
 
-class BuffersScreen(SearchMixin, PhaseScreen):
+class BuffersScreen(SearchScreen):
     MODE = "buffers"
-
-    BINDINGS = [*SearchMixin.SEARCH_BINDINGS]
+    TITLE = "Buffers"
+    SEARCH_PLACEHOLDER = "/ filter tenants: name, layer:N, prim:NAME, buf:N"
 
     def __init__(self) -> None:
         super().__init__()
@@ -34,7 +34,7 @@ class BuffersScreen(SearchMixin, PhaseScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="buffers-summary")
-        yield Input(placeholder="/ filter tenants: name, layer:N, prim:NAME, buf:N", id="search")
+        yield self.search_box()
         yield Gantt(id="reuse")
         yield Static(id="buffer-details")
         yield Static(id="arena-title", classes="section")
@@ -47,15 +47,15 @@ class BuffersScreen(SearchMixin, PhaseScreen):
     def main_widget(self) -> Widget:
         return self.query_one("#reuse", Gantt)
 
-    def load_phase(self, index: PhaseIndex) -> None:
+    def load_phase(self, index: PhaseLookup) -> None:
         phase = index.phase
         summaries = buffer_summaries(index)
         colouring = sum(b.bytes for b in phase.buffers)
         self.summaries = {s.id: s for s in summaries}
         self.query_one("#buffers-summary", Static).update(
             f"[b]{len(phase.buffers)} physical buffers[/b] for "
-            f"{sum(s.tenants for s in summaries):,} tenants; sum of buffer sizes {fmt_bytes(colouring)}   "
-            f"arena {fmt_bytes(phase.arena_bytes)}   lower bound {fmt_bytes(phase.lower_bound_bytes)}"
+            f"{sum(s.tenants for s in summaries):,} tenants; sum of buffer sizes {exact_bytes(colouring)}   "
+            f"arena {exact_bytes(phase.arena_bytes)}   lower bound {exact_bytes(phase.lower_bound_bytes)}"
         )
         self.query_one("#arena-title", Static).update(
             f"[b]Arena: offset × slot[/b] (0 .. {phase.arena_bytes:,} bytes; colour = buffer; "
@@ -91,7 +91,7 @@ class BuffersScreen(SearchMixin, PhaseScreen):
         )
         more = len(row.bars) - MAX_TENANTS_SHOWN
         details.update(
-            f"[b]buffer {s.id}[/b]  {fmt_bytes(s.bytes)}  {s.tenants} tenant(s), {span}, "
+            f"[b]buffer {s.id}[/b]  {exact_bytes(s.bytes)}  {s.tenants} tenant(s), {span}, "
             f"busy {s.busy_slots} of {index.num_slots} slots, largest tenant {s.largest_tenant:,} B\n"
             f"{tenants}" + (f"  +{more} more" if more > 0 else "")
         )

@@ -1,4 +1,5 @@
-"""Diff (two plans): envelope deltas by component, bounds and fingerprint changes, Table-1 deltas."""
+"""Diff (two plans): envelope deltas by component, bounds and fingerprint changes, Table-1 deltas,
+and the change in predicted decode tok/s and TTFT."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Static
 
-from dctms.tui.diff import Change, Delta, plan_diff
+from dctms.figures.comparison import Change, Delta, plan_diff
 from dctms.tui.screens.base import InspectorScreen
 from dctms.tui.widgets.scroll import PageScroll
 
@@ -20,16 +21,18 @@ def _value(value: int | float | None, digits: int) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
 
 
-def _signed(value: int | float | None, digits: int) -> Text:
+def _signed(value: int | float | None, digits: int, up_is_good: bool = False) -> Text:
     if value is None:
         return Text("—", justify="right")
-    style = "" if value == 0 else ("#e06c75" if value > 0 else "#98c379")
+    worse = value < 0 if up_is_good else value > 0
+    style = "" if value == 0 else ("#e06c75" if worse else "#98c379")
     text = f"{value:+,.{digits}f}" if isinstance(value, float) else f"{value:+,}"
     return Text(text, style=style, justify="right")
 
 
 def delta_table(title: str, rows: list[Delta], *, mib: bool, digits: int = 0) -> Table:
-    """Old, new, change (and MiB, %) per figure; growth is red, shrinkage green."""
+    """Old, new, change (and MiB, %) per figure; growth is red, shrinkage green (for a speed,
+    ``tok/s``, the other way round)."""
     table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
     table.add_column("")
     table.add_column("old", justify="right")
@@ -41,16 +44,19 @@ def delta_table(title: str, rows: list[Delta], *, mib: bool, digits: int = 0) ->
     for row in rows:
         d = row.delta
         precise = digits if isinstance(d, float) or isinstance(row.old, float) else 0
+        up_is_good = "tok/s" in row.name
         cells = [
             Text(row.name, style=CHANGED if row.changed else ""),
             _value(row.old, precise),
             _value(row.new, precise),
-            _signed(d, precise),
+            _signed(d, precise, up_is_good),
         ]
         if mib:
             cells.append(_signed(row.delta_mib, 2))
         cells.append(
-            _signed(row.percent, 2) if row.percent is not None else Text("—", justify="right")
+            _signed(row.percent, 2, up_is_good)
+            if row.percent is not None
+            else Text("—", justify="right")
         )
         table.add_row(*cells)
     return table
@@ -64,20 +70,22 @@ def change_table(title: str, rows: list[Change]) -> Table:
     table.add_column("")
     for row in rows:
         mark = Text("changed", style=CHANGED) if row.changed else Text("same", style="dim")
-        table.add_row(Text(row.name, style=CHANGED if row.changed else ""), row.old, row.new, mark)
+        name = Text(row.name, style=CHANGED if row.changed else "")
+        table.add_row(name, row.old_text, row.new_text, mark)
     return table
 
 
 class DiffScreen(InspectorScreen):
     MODE = "diff"
+    TITLE = "Diff"
 
     def compose_body(self) -> ComposeResult:
-        session = self.session
-        assert session.old is not None and session.old_path is not None
-        diff = plan_diff(session.old, session.plan)
+        inspection = self.inspection
+        assert inspection.old is not None and inspection.old_path is not None
+        diff = plan_diff(inspection.old, inspection.plan)
         with PageScroll(id="diff"):
             yield Static(
-                f"[b]{session.old_path}[/b] → [b]{session.path}[/b]: {diff.changed} figure(s) differ"
+                f"[b]{inspection.old_path}[/b] → [b]{inspection.path}[/b]: {diff.changed} figure(s) differ"
                 "   [dim](other screens show the new plan)[/dim]",
                 id="diff-header",
             )
@@ -90,3 +98,13 @@ class DiffScreen(InspectorScreen):
             yield Static(change_table("Bounds", diff.bounds), id="diff-bounds")
             yield Static(change_table("Model fingerprint", diff.fingerprint), id="diff-fingerprint")
             yield Static(delta_table("Phases", diff.phases, mib=False), id="diff-phases")
+            profiles = {inspection.old.target.profile.name, inspection.plan.target.profile.name}
+            yield Static(
+                delta_table(
+                    f"Predicted at the roofline ({' -> '.join(sorted(profiles))})",
+                    diff.roofline,
+                    mib=False,
+                    digits=3,
+                ),
+                id="diff-roofline",
+            )

@@ -6,32 +6,32 @@ from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widget import Widget
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
+from dctms.figures.units import exact_bytes
 from dctms.schema.types import Op
 from dctms.tui.data import (
-    PhaseIndex,
+    PhaseLookup,
     Query,
     Row,
     buffer_rows,
-    fmt_bytes,
     fmt_shape,
     tensor_details,
     tensor_rows,
 )
-from dctms.tui.screens.base import PhaseScreen, SearchMixin
+from dctms.tui.screens.base import SearchScreen
 from dctms.tui.widgets.gantt import Gantt
 
 MAX_CONSUMERS_SHOWN = 8
 
 
-def op_text(index: PhaseIndex, op: Op) -> str:
+def op_text(index: PhaseLookup, op: Op) -> str:
     slot = index.slot_of_op.get(op.index)
     layer = "" if op.layer is None else f", layer {op.layer}"
     return f"op {op.index} {op.primitive} (slot {slot}{layer})"
 
 
-def tensor_text(index: PhaseIndex, tensor_id: str) -> str:
+def tensor_text(index: PhaseLookup, tensor_id: str) -> str:
     """The details panel for one tensor: every figure the plan holds about it."""
     d = tensor_details(index, tensor_id)
     if d is None:
@@ -39,7 +39,7 @@ def tensor_text(index: PhaseIndex, tensor_id: str) -> str:
     t = d.tensor
     a, b = t.interval
     lines = [
-        f"[b]{escape(t.id)}[/b]  {fmt_shape(t.shape)} {t.dtype}  {fmt_bytes(t.bytes)}  kind {t.kind}",
+        f"[b]{escape(t.id)}[/b]  {fmt_shape(t.shape)} {t.dtype}  {exact_bytes(t.bytes)}  kind {t.kind}",
         f"interval [{a}, {b}] ({b - a + 1} slots)",
     ]
     if t.view_of is not None:
@@ -60,7 +60,7 @@ def tensor_text(index: PhaseIndex, tensor_id: str) -> str:
     return "\n".join(lines)
 
 
-def buffer_text(index: PhaseIndex, row: Row) -> str:
+def buffer_text(index: PhaseLookup, row: Row) -> str:
     buffer = row.buffer
     size = next((b.bytes for b in index.phase.buffers if b.id == buffer), 0)
     tenants = ", ".join(
@@ -68,16 +68,17 @@ def buffer_text(index: PhaseIndex, row: Row) -> str:
     )
     more = len(row.bars) - MAX_CONSUMERS_SHOWN
     return (
-        f"[b]buffer {buffer}[/b]  {fmt_bytes(size)}  {len(row.bars)} tenant(s) shown\n"
+        f"[b]buffer {buffer}[/b]  {exact_bytes(size)}  {len(row.bars)} tenant(s) shown\n"
         f"tenants: {tenants or 'none'}" + (f", +{more} more" if more > 0 else "")
     )
 
 
-class LifetimesScreen(SearchMixin, PhaseScreen):
+class LifetimesScreen(SearchScreen):
     MODE = "lifetimes"
+    TITLE = "Lifetimes"
+    SEARCH_PLACEHOLDER = "/ filter: name, layer:N, prim:NAME, buf:N, kind:scratch (enter applies)"
 
     BINDINGS = [
-        *SearchMixin.SEARCH_BINDINGS,
         Binding("b", "toggle_buffers", "per buffer"),
     ]
 
@@ -87,10 +88,7 @@ class LifetimesScreen(SearchMixin, PhaseScreen):
         self.query_filter = Query()
 
     def compose_body(self) -> ComposeResult:
-        yield Input(
-            placeholder="/ filter: name, layer:N, prim:NAME, buf:N, kind:scratch (enter applies)",
-            id="search",
-        )
+        yield self.search_box()
         yield Gantt(id="gantt")
         yield Static(id="details")
 
@@ -101,7 +99,7 @@ class LifetimesScreen(SearchMixin, PhaseScreen):
     def main_widget(self) -> Widget:
         return self.query_one(Gantt)
 
-    def load_phase(self, index: PhaseIndex) -> None:
+    def load_phase(self, index: PhaseLookup) -> None:
         self.refill()
 
     def refill(self, keep: str | None = None) -> None:

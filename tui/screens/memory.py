@@ -6,7 +6,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from dctms.tui.data import PhaseIndex, fmt_bytes, fmt_shape
+from dctms.figures.units import exact_bytes
+from dctms.tui.data import PhaseLookup, fmt_shape
 from dctms.tui.screens.base import PhaseScreen
 from dctms.tui.widgets.memory_curve import MemoryCurve
 from dctms.tui.widgets.table import Column, VirtualTable
@@ -30,6 +31,7 @@ def num(value: int | None) -> str:
 
 class MemoryScreen(PhaseScreen):
     MODE = "memory"
+    TITLE = "Memory"
 
     BINDINGS = [Binding("s", "sort_size", "sort by size")]
 
@@ -43,13 +45,13 @@ class MemoryScreen(PhaseScreen):
         super().on_mount()
         self.query_one(MemoryCurve).focus()
 
-    def load_phase(self, index: PhaseIndex) -> None:
+    def load_phase(self, index: PhaseLookup) -> None:
         phase = index.phase
         slot, peak = index.peak()
         bound = phase.lower_bound_bytes
         ratio = f"{phase.arena_bytes / bound:.3f}" if bound else "n/a"
         self.query_one("#memory-summary", Static).update(
-            f"[b]peak {fmt_bytes(peak)}[/b] at slot {slot} │ [#e5c07b]── arena[/] "
+            f"[b]peak {exact_bytes(peak)}[/b] at slot {slot} │ [#e5c07b]── arena[/] "
             f"{phase.arena_bytes:,} B │ [#98c379]╌╌ lower bound[/] {bound:,} B │ "
             f"ratio {ratio}"
         )
@@ -64,7 +66,7 @@ class MemoryScreen(PhaseScreen):
         total = sum(index.aligned(t) for t in live)
         where = "the peak, slot" if slot == index.peak()[0] else "slot"
         self.query_one("#live-title", Static).update(
-            f"[b]{len(live)} tensors live at {where} {slot}[/b]: {fmt_bytes(total)} aligned  "
+            f"[b]{len(live)} tensors live at {where} {slot}[/b]: {exact_bytes(total)} aligned  "
             "[dim]([ ] other slots, m peak, s sort)[/dim]"
         )
         rows, keys = [], []

@@ -7,10 +7,10 @@ import json
 from rich.markup import escape
 from textual.app import ComposeResult
 from textual.widget import Widget
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
-from dctms.tui.data import PhaseIndex, Query, describe_value, fmt_shape, op_rows
-from dctms.tui.screens.base import PhaseScreen, SearchMixin
+from dctms.tui.data import PhaseLookup, Query, describe_value, fmt_shape, op_rows
+from dctms.tui.screens.base import SearchScreen
 from dctms.tui.widgets.table import Column, VirtualTable
 
 COLUMNS = [
@@ -26,22 +26,22 @@ COLUMNS = [
 MAX_ARGS_TEXT = 200
 
 
-def short_value(index: PhaseIndex, name: str) -> str:
+def short_value(index: PhaseLookup, name: str) -> str:
     known = index.shape.get(name)
     return name if known is None else f"{name}{fmt_shape(known[0])}"
 
 
-class OpsScreen(SearchMixin, PhaseScreen):
+class OpsScreen(SearchScreen):
     MODE = "ops"
-
-    BINDINGS = [*SearchMixin.SEARCH_BINDINGS]
+    TITLE = "Ops"
+    SEARCH_PLACEHOLDER = "/ search: primitive, tensor id, layer:N, prim:NAME"
 
     def __init__(self) -> None:
         super().__init__()
         self.query_filter = Query()
 
     def compose_body(self) -> ComposeResult:
-        yield Input(placeholder="/ search: primitive, tensor id, layer:N, prim:NAME", id="search")
+        yield self.search_box()
         yield Static(id="ops-count")
         yield VirtualTable(COLUMNS, id="ops")
         yield Static(id="op-details")
@@ -53,7 +53,7 @@ class OpsScreen(SearchMixin, PhaseScreen):
     def main_widget(self) -> Widget:
         return self.query_one("#ops", VirtualTable)
 
-    def load_phase(self, index: PhaseIndex) -> None:
+    def load_phase(self, index: PhaseLookup) -> None:
         self.refill()
 
     def refill(self) -> None:

@@ -7,10 +7,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widget import Widget
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
-from dctms.tui.data import PhaseIndex, Query, fmt_bytes, op_matches, slot_rows
-from dctms.tui.screens.base import PhaseScreen, SearchMixin
+from dctms.figures.units import exact_bytes
+from dctms.tui.data import PhaseLookup, Query, op_matches, slot_rows
+from dctms.tui.screens.base import SearchScreen
 from dctms.tui.widgets.table import Column, VirtualTable
 
 SLOT_COLUMNS = [
@@ -34,11 +35,12 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class ScheduleScreen(SearchMixin, PhaseScreen):
+class ScheduleScreen(SearchScreen):
     MODE = "schedule"
+    TITLE = "Schedule"
+    SEARCH_PLACEHOLDER = "/ filter slots by their ops: prim:NAME, layer:N, tensor id"
 
     BINDINGS = [
-        *SearchMixin.SEARCH_BINDINGS,
         Binding("e", "other_table", "slots ⇄ syncs"),
     ]
 
@@ -47,9 +49,7 @@ class ScheduleScreen(SearchMixin, PhaseScreen):
         self.query_filter = Query()
 
     def compose_body(self) -> ComposeResult:
-        yield Input(
-            placeholder="/ filter slots by their ops: prim:NAME, layer:N, tensor id", id="search"
-        )
+        yield self.search_box()
         with Horizontal(id="schedule-tables"):
             yield VirtualTable(SLOT_COLUMNS, id="slots")
             yield VirtualTable(SYNC_COLUMNS, id="syncs")
@@ -62,7 +62,7 @@ class ScheduleScreen(SearchMixin, PhaseScreen):
     def main_widget(self) -> Widget:
         return self.query_one("#slots", VirtualTable)
 
-    def load_phase(self, index: PhaseIndex) -> None:
+    def load_phase(self, index: PhaseLookup) -> None:
         self.rows = slot_rows(index)
         points = index.phase.sync_points
         self.query_one("#syncs", VirtualTable).set_rows(
@@ -126,7 +126,7 @@ class ScheduleScreen(SearchMixin, PhaseScreen):
         )
         sync = f"; sync point after it: {row.sync}" if row.sync else ""
         return (
-            f"[b]slot {row.slot}[/b]: {len(row.ops)} op(s), live {fmt_bytes(row.live_bytes)}"
+            f"[b]slot {row.slot}[/b]: {len(row.ops)} op(s), live {exact_bytes(row.live_bytes)}"
             f"{escape(sync)}\n{escape(ops)}"
         )
 

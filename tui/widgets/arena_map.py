@@ -10,7 +10,8 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
-from dctms.tui.data import Placement, arena_bands, fmt_size
+from dctms.figures.units import human
+from dctms.tui.data import Placement, arena_bands
 from dctms.tui.widgets.timechart import TimeChart, buffer_style, cells_to_strip
 
 _NONE = Style()
@@ -70,7 +71,7 @@ class ArenaMap(TimeChart):
         rows = self.content_rows()
         text = ""
         if row in (0, rows // 2, rows - 1) or (rows > 12 and row in (rows // 4, 3 * rows // 4)):
-            text = fmt_size(row * self.band_bytes())
+            text = human(row * self.band_bytes(), 1)
         return Strip([Segment(f"{text:>{width - 1}} ", style)])
 
     def render_row(self, row: int, c0: int, c1: int) -> Strip:

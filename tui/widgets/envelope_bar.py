@@ -8,8 +8,9 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
+from dctms.figures.overview import COMPONENTS
+from dctms.figures.units import exact_bytes
 from dctms.schema.types import Envelope
-from dctms.tui.data import COMPONENTS, fmt_bytes
 
 COLOURS = {
     "weights": "#61afef",
@@ -72,16 +73,16 @@ class EnvelopeBar(Widget):
             value = getattr(e, name)
             share = f"{100 * value / e.total:.2f} %" if e.total else ""
             legend.add_row(
-                Text("■ ", Style(color=COLOURS[name])) + Text(name), fmt_bytes(value), share
+                Text("■ ", Style(color=COLOURS[name])) + Text(name), exact_bytes(value), share
             )
-        legend.add_row(Text("M_max (total)", Style(bold=True)), fmt_bytes(e.total), "100 %")
+        legend.add_row(Text("M_max (total)", Style(bold=True)), exact_bytes(e.total), "100 %")
         if e.device is not None:
-            legend.add_row("device budget", fmt_bytes(e.device), "")
+            legend.add_row("device budget", exact_bytes(e.device), "")
         if e.free is not None:
             verdict = "fits" if e.free >= 0 else "does not fit"
             legend.add_row(
                 Text(f"M_free ({verdict})", Style(color="green" if e.free >= 0 else "red")),
-                fmt_bytes(e.free),
+                exact_bytes(e.free),
                 "",
             )
         parts_out: list = [bar, marker_line, legend]

@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.strip import Strip
 
-from dctms.tui.data import fmt_size
+from dctms.figures.units import human
 from dctms.tui.widgets.timechart import TimeChart, cells_to_strip
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -127,9 +127,9 @@ class MemoryCurve(TimeChart):
         style = self.get_component_rich_style("timechart--label")
         text = ""
         if row == 0:
-            text = fmt_size(self.y_max)
+            text = human(self.y_max, 1)
         elif row == rows // 2:
-            text = fmt_size(self.y_max / 2)
+            text = human(self.y_max / 2, 1)
         elif row == rows - 1:
             text = "0 B"
         return Strip([Segment(f"{text:>{width - 1}} ", style)])

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dctms.figures.op_costs import BYTE_KINDS, CLASSES, OpCost, phase_costs
 from dctms.schema.types import Phase, Plan, TargetProfile
-from dctms.views.op_costs import BYTE_KINDS, CLASSES, OpCost, phase_costs
 
 
 @dataclass
@@ -48,8 +48,10 @@ class ClassRow:
     def add(self, cost: OpCost, seconds: float, memory_bound: bool) -> None:
         self.ops += 1
         self.flops += cost.flops
-        for kind in BYTE_KINDS:
-            setattr(self, kind, getattr(self, kind) + getattr(cost, kind))
+        self.weights += cost.weights
+        self.kv += cost.kv
+        self.activations += cost.activations
+        self.scratch += cost.scratch
         self.seconds += seconds
         self.memory_bound_ops += memory_bound
 
@@ -116,9 +118,8 @@ def phase_roofline(phase: Phase, profile: TargetProfile) -> PhaseRoofline:
 
 
 def prefill_phases(plan: Plan) -> list[Phase]:
-    """The phases that take prompt tokens: every phase but decode (the runner feeds the prompt
-    through them), largest first."""
-    return sorted((p for p in plan.phases if p.name != "decode"), key=lambda p: -p.tokens)
+    """The phases that take prompt tokens (named ``prefill``…), largest first."""
+    return sorted((p for p in plan.phases if p.name.startswith("prefill")), key=lambda p: -p.tokens)
 
 
 def prefill_calls(plan: Plan, prompt_tokens: int) -> list[tuple[str, int]]:
@@ -209,3 +210,48 @@ def roofline_doc(roof: Roofline) -> dict:
         "prefill_calls": [{"phase": name, "calls": n} for name, n in roof.prefill_calls],
         "summary": roofline_summary(roof),
     }
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration with a unit that keeps 3-4 significant digits."""
+    if seconds >= 100:
+        return f"{seconds:,.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def tokens_per_s_text(rate: float | None) -> str:
+    if rate is None:
+        return "-"
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
+@dataclass(frozen=True)
+class PhaseLine:
+    """One phase of a plan on the roofline, as the inspector's Overview lists it."""
+
+    name: str
+    tokens: int
+    flops: float
+    bytes: int
+    intensity: float | None
+    bound: str
+    seconds: float
+
+
+def phase_lines(roof: Roofline) -> list[PhaseLine]:
+    return [
+        PhaseLine(
+            p.name,
+            p.tokens,
+            p.total.flops,
+            p.total.bytes,
+            p.total.intensity,
+            p.total.bound(roof.ridge),
+            p.seconds,
+        )
+        for p in roof.phases
+    ]

@@ -94,30 +94,39 @@ class PhaseValues:
 
     def __init__(self, phase: Phase) -> None:
         self._roots: dict[str, tuple[str, int]] = {}  # id -> (kind, bytes of its own storage)
-        self._shape: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._shape: dict[str, tuple[list[int], str]] = {}
+        self._values: dict[str, Value] = {}  # memo: ops read the same values many times
         kind_of = {"weight": "weights", "state": "kv"}
         for b in [*phase.inputs, *phase.outputs]:
-            self._shape[b.id] = (tuple(b.shape), b.dtype)
+            self._shape[b.id] = (b.shape, b.dtype)
             self._roots[b.id] = (kind_of.get(b.kind, "activations"), _nbytes(b.shape, b.dtype))
         for c in phase.constants:
-            self._shape[c.id] = (tuple(c.shape), c.dtype)
+            self._shape[c.id] = (c.shape, c.dtype)
             self._roots[c.id] = ("activations", _nbytes(c.shape, c.dtype))
         self._view_of: dict[str, str] = {}
         for t in phase.tensors:
-            self._shape[t.id] = (tuple(t.shape), t.dtype)
+            self._shape[t.id] = (t.shape, t.dtype)
             if t.view_of is not None:
                 self._view_of[t.id] = t.view_of
             elif t.id not in self._roots:
                 self._roots[t.id] = ("activations", t.bytes)
 
+    def is_view(self, tensor_id: str) -> bool:
+        return tensor_id in self._view_of
+
     def value(self, tensor_id: str) -> Value:
+        memo = self._values.get(tensor_id)
+        if memo is not None:
+            return memo
         shape, dtype = self._shape[tensor_id]
         root = tensor_id
         seen = 0
         while root in self._view_of and seen < 64:  # view_of names the root, but be safe
             root, seen = self._view_of[root], seen + 1
         kind, root_bytes = self._roots.get(root, ("activations", _nbytes(shape, dtype)))
-        return Value(shape, dtype, kind, root_bytes, is_view=tensor_id in self._view_of)
+        value = Value(tuple(shape), dtype, kind, root_bytes, is_view=tensor_id in self._view_of)
+        self._values[tensor_id] = value
+        return value
 
 
 def _nbytes(shape: list[int] | tuple[int, ...], dtype: str) -> int:
@@ -163,6 +172,8 @@ def op_flops(primitive: str, inputs: list[Value], outputs: list[Value]) -> float
 
 def op_cost(op: Op, values: PhaseValues) -> OpCost:
     """The roofline cost of one op of the phase ``values`` was built from."""
+    if op.primitive not in KV_UPDATE and op.outputs and all(map(values.is_view, op.outputs)):
+        return VIEW  # most ops of a phase: decided without building their values
     ins = [values.value(i) for i in op.inputs]
     outs = [values.value(o) for o in op.outputs]
     cls = op_class(op.primitive, outs)
@@ -195,6 +206,9 @@ def op_cost(op: Op, values: PhaseValues) -> OpCost:
                 moved["activations"] += o.logical_bytes
     moved["scratch"] = 2 * op.scratch
     return OpCost(cls, op_flops(op.primitive, ins, outs), **moved)
+
+
+VIEW = OpCost("view", 0.0)
 
 
 def phase_costs(phase: Phase) -> list[OpCost]:

@@ -1,0 +1,242 @@
+"""What changed between two plans, computed once: ``dctms diff`` and the inspector's Diff draw it.
+
+Every row has a ``key`` (the stable machine name ``dctms diff --format json`` uses) and a ``name``
+(the label a person reads). Numeric figures are ``Delta`` rows, other fields ``Change`` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dctms.figures.overview import COMPONENTS, kv_storage
+from dctms.figures.roofline import plan_roofline
+from dctms.figures.units import MIB
+from dctms.schema.types import Phase, Plan
+
+# Labels that differ from the key.
+ENVELOPE_LABELS = {"total": "total = M_max"}
+ENVELOPE_FIELDS = (*COMPONENTS, "total")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A numeric figure in both plans; ``None`` where a plan does not have it (e.g. no device)."""
+
+    key: str
+    name: str
+    old: int | float | None
+    new: int | float | None
+
+    @property
+    def delta(self) -> int | float | None:
+        if self.old is None or self.new is None:
+            return None
+        return self.new - self.old
+
+    @property
+    def delta_mib(self) -> float | None:
+        d = self.delta
+        return None if d is None else d / MIB
+
+    @property
+    def percent(self) -> float | None:
+        """Change relative to the old value; ``None`` when the old value is 0 or missing."""
+        d = self.delta
+        if d is None or not self.old:
+            return None
+        return 100.0 * d / self.old
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+
+@dataclass(frozen=True)
+class PhaseDelta(Delta):
+    """A per-phase figure; phases are matched by name."""
+
+    phase: str = ""
+    figure: str = ""  # "arena", "lower bound", "ops", "tensors", "slots"
+
+
+@dataclass(frozen=True)
+class Change:
+    """A field compared as a whole (text, hashes, settings); ``old``/``new`` are the plan's values."""
+
+    key: str
+    name: str
+    old: Any
+    new: Any
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+    @property
+    def old_text(self) -> str:
+        return value_text(self.old)
+
+    @property
+    def new_text(self) -> str:
+        return value_text(self.new)
+
+
+def value_text(value: Any) -> str:
+    """A field value for people: counts with separators, a files map as ``name sha[:12]`` pairs."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return ", ".join(f"{name} {sha[:12]}" for name, sha in sorted(value.items()))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class PlanDiff:
+    envelope: list[Delta]
+    table1: list[Delta]
+    phases: list[PhaseDelta]
+    bounds: list[Change]
+    fingerprint: list[Change]
+    roofline: list[Delta]  # predicted speed, each plan on its own target profile
+
+    @property
+    def changed(self) -> int:
+        """How many figures differ (0: the plans agree on everything shown)."""
+        rows = [*self.envelope, *self.bounds, *self.fingerprint, *self.table1, *self.phases]
+        rows += self.roofline
+        return sum(1 for r in rows if r.changed)
+
+
+def envelope_deltas(old: Plan, new: Plan) -> list[Delta]:
+    """The components and M_max; the device budget and what is left when either plan has one."""
+    a, b = old.envelope, new.envelope
+    names = list(ENVELOPE_FIELDS)
+    names += [
+        f for f in ("device", "free") if getattr(a, f) is not None or getattr(b, f) is not None
+    ]
+    return [Delta(f, ENVELOPE_LABELS.get(f, f), getattr(a, f), getattr(b, f)) for f in names]
+
+
+def table1_deltas(old: Plan, new: Plan) -> list[Delta]:
+    a, b = old.stats, new.stats
+    return [
+        Delta(f, f.replace("_", " "), getattr(a, f), getattr(b, f))
+        for f in (
+            "logical_tensors",
+            "physical_buffers",
+            "reduction",
+            "arena_bytes",
+            "lower_bound_bytes",
+        )
+    ]
+
+
+_PHASE_FIGURES: tuple[tuple[str, Callable[[Phase], int]], ...] = (
+    ("arena", lambda p: p.arena_bytes),
+    ("lower bound", lambda p: p.lower_bound_bytes),
+    ("ops", lambda p: len(p.ops)),
+    ("tensors", lambda p: len(p.tensors)),
+    ("slots", lambda p: len(p.slots)),
+)
+
+
+def phase_deltas(old: Plan, new: Plan) -> list[PhaseDelta]:
+    """Per phase (matched by name, the old plan's order first): arena, lower bound, ops, tensors,
+    slots."""
+    before = {p.name: p for p in old.phases}
+    after = {p.name: p for p in new.phases}
+    rows = []
+    for name in list(before) + [n for n in after if n not in before]:
+        a, b = before.get(name), after.get(name)
+        for figure, get in _PHASE_FIGURES:
+            rows.append(
+                PhaseDelta(
+                    f"{figure.replace(' ', '_')} {name}",
+                    f"{name} {figure}",
+                    None if a is None else get(a),
+                    None if b is None else get(b),
+                    phase=name,
+                    figure=figure,
+                )
+            )
+    return rows
+
+
+def _bounds(plan: Plan) -> list[tuple[str, str, Any]]:
+    b, t, g = plan.bounds, plan.target, plan.generator
+    return [
+        ("input_tokens", "input tokens (N)", b.input_tokens),
+        ("output_tokens", "output tokens (M)", b.output_tokens),
+        ("batch", "batch", b.batch),
+        ("prefill_chunk", "prefill chunk", b.prefill_chunk),
+        ("dtype", "dtype", b.dtype),
+        ("kv", "KV storage", kv_storage(plan)),
+        ("kv_capacity", "KV capacity", b.kv_capacity),
+        ("backend", "backend", t.backend),
+        ("alignment", "alignment", t.alignment),
+        ("profile", "roofline profile", t.profile.name),
+        ("run_ahead_dispatches", "run-ahead dispatches", t.run_ahead_dispatches),
+        ("generator", "generator", f"dctms {g.dctms}, mlx {g.mlx}, mlx-lm {g.mlx_lm}"),
+    ]
+
+
+def _fingerprint(plan: Plan) -> list[tuple[str, str, Any]]:
+    m, w, q = plan.model, plan.model.weights, plan.model.quantization
+    files = w.files_sha256
+    return [
+        ("architecture", "model architecture", m.architecture),
+        ("config_sha256", "config sha256", m.config_sha256),
+        ("num_layers", "layers", m.num_layers),
+        ("vocab_size", "vocab size", m.vocab_size),
+        ("weights_count", "weights count", w.count),
+        ("weights_total_bytes", "weights bytes", w.total_bytes),
+        ("weights_layout_sha256", "weights layout sha256", w.layout_sha256),
+        (
+            "weights_files_sha256",
+            "weights files",
+            None if files is None else dict(sorted(files.items())),
+        ),
+        (
+            "quantization",
+            "quantization",
+            None if q is None else f"{q.bits}-bit, group {q.group_size}, {q.mode}",
+        ),
+    ]
+
+
+def _changes(a: list[tuple[str, str, Any]], b: list[tuple[str, str, Any]]) -> list[Change]:
+    return [Change(key, name, x, y) for (key, name, x), (_, _, y) in zip(a, b, strict=True)]
+
+
+def roofline_deltas(old: Plan, new: Plan) -> list[Delta]:
+    """Predicted decode tok/s and ms per token, and TTFT for a prompt both plans accept (the
+    smaller N), each plan on its own target profile (``figures.roofline``)."""
+    prompt = min(old.bounds.input_tokens, new.bounds.input_tokens)
+    a, b = plan_roofline(old, prompt_tokens=prompt), plan_roofline(new, prompt_tokens=prompt)
+    return [
+        Delta(
+            "decode_tokens_per_s",
+            "decode tok/s",
+            a.decode_tokens_per_s,
+            b.decode_tokens_per_s,
+        ),
+        Delta("decode_ms_per_token", "decode ms/token", a.decode_s * 1e3, b.decode_s * 1e3),
+        Delta("ttft_s", f"TTFT s, {prompt:,}-token prompt", a.ttft_s, b.ttft_s),
+    ]
+
+
+def plan_diff(old: Plan, new: Plan) -> PlanDiff:
+    return PlanDiff(
+        envelope_deltas(old, new),
+        table1_deltas(old, new),
+        phase_deltas(old, new),
+        _changes(_bounds(old), _bounds(new)),
+        _changes(_fingerprint(old), _fingerprint(new)),
+        roofline_deltas(old, new),
+    )

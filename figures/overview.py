@@ -1,0 +1,131 @@
+"""A plan at a glance: header, bounds, the memory envelope, the paper's Table 1, arena vs bound.
+
+``dctms show`` (``views.show``) lays these rows out as text; the inspector's Overview as tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dctms.schema.types import Plan
+
+# The paper's Table 1 (logical tensors -> physical buffers), shown for comparison.
+PAPER_LOGICAL = 448
+PAPER_PHYSICAL = 122
+PAPER_REDUCTION = 1 - PAPER_PHYSICAL / PAPER_LOGICAL  # 72.77%
+
+# The components of M_max, in stacking order.
+COMPONENTS = ("weights", "kv", "persistent", "intermediate", "runtime")
+
+
+@dataclass(frozen=True)
+class Header:
+    """Which model and target the plan is for, and what wrote it."""
+
+    architecture: str
+    num_layers: int
+    weight_tensors: int
+    backend: str
+    alignment: int
+    schema_version: int
+    generator: str  # "dctms 0.1.0, mlx 0.32.0, mlx-lm 0.32.0"
+
+
+def header(plan: Plan) -> Header:
+    m, g, t = plan.model, plan.generator, plan.target
+    return Header(
+        m.architecture,
+        m.num_layers,
+        m.weights.count,
+        t.backend,
+        t.alignment,
+        plan.schema_version,
+        f"dctms {g.dctms}, mlx {g.mlx}, mlx-lm {g.mlx_lm}",
+    )
+
+
+def kv_storage(plan: Plan) -> str:
+    """``bfloat16`` or ``bfloat16, 4-bit, groups of 64``."""
+    kv = plan.bounds.kv
+    return kv.dtype if kv.bits is None else f"{kv.dtype}, {kv.bits}-bit, groups of {kv.group_size}"
+
+
+def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
+    """(label, value) for N, M, batch, prefill chunk, dtype and the KV cache."""
+    b = plan.bounds
+    return [
+        ("input tokens (N)", str(b.input_tokens)),
+        ("output tokens (M)", str(b.output_tokens)),
+        ("batch", str(b.batch)),
+        ("prefill chunk", str(b.prefill_chunk)),
+        ("dtype", b.dtype),
+        ("KV cache", f"{kv_storage(plan)}, capacity {b.kv_capacity} positions"),
+    ]
+
+
+@dataclass(frozen=True)
+class EnvelopeRow:
+    name: str
+    bytes: int
+    note: str = ""  # where the figure comes from, or a warning
+
+
+def envelope_parts(plan: Plan) -> list[tuple[str, int]]:
+    """The components of M_max in stacking order, with their bytes."""
+    e = plan.envelope
+    return [(name, getattr(e, name)) for name in COMPONENTS]
+
+
+def envelope_rows(plan: Plan) -> list[EnvelopeRow]:
+    """The components, M_max, and the device budget and what is left when the plan has one."""
+    e = plan.envelope
+    rows = [EnvelopeRow(name, value) for name, value in envelope_parts(plan)]
+    rows[-1] = EnvelopeRow("runtime", e.runtime, e.runtime_source)
+    rows.append(EnvelopeRow("total = M_max", e.total))
+    if e.device is not None:
+        rows.append(EnvelopeRow("device", e.device))
+    if e.free is not None:
+        rows.append(EnvelopeRow("free", e.free, "does not fit" if e.free < 0 else ""))
+    return rows
+
+
+@dataclass(frozen=True)
+class Table1:
+    """The paper's Table 1 (interval colouring) for this plan, next to the paper's own figures."""
+
+    logical_tensors: int
+    physical_buffers: int
+    reduction: float
+    paper_logical: int = PAPER_LOGICAL
+    paper_physical: int = PAPER_PHYSICAL
+    paper_reduction: float = PAPER_REDUCTION
+
+
+def table1(plan: Plan) -> Table1:
+    s = plan.stats
+    return Table1(s.logical_tensors, s.physical_buffers, s.reduction)
+
+
+@dataclass(frozen=True)
+class ArenaRow:
+    name: str
+    arena: int
+    lower_bound: int
+
+    @property
+    def ratio(self) -> float | None:
+        return self.arena / self.lower_bound if self.lower_bound else None
+
+
+def arena_rows(plan: Plan) -> list[ArenaRow]:
+    """Each phase's arena against its lower bound, then the maximum over phases (``stats``)."""
+    rows = [ArenaRow(p.name, p.arena_bytes, p.lower_bound_bytes) for p in plan.phases]
+    rows.append(ArenaRow("max over phases", plan.stats.arena_bytes, plan.stats.lower_bound_bytes))
+    return rows
+
+
+def slack_by_phase(plan: Plan) -> list[tuple[str, int]]:
+    """Allocator cache-reuse slack per phase (inside M_intermediate); empty when there is none."""
+    if not any(p.slack_bytes for p in plan.phases):
+        return []
+    return [(p.name, p.slack_bytes) for p in plan.phases]
