@@ -25,11 +25,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/dctms demo
 
-# The demo model behind an OpenAI-compatible server on http://127.0.0.1:8000 (Ctrl-C stops).
-DEMO_DIR = $${XDG_CACHE_HOME:-$$HOME/.cache}/dctms/demo-qwen2
+# The demo model behind an OpenAI-compatible server on http://127.0.0.1:8000 (Ctrl-C stops):
+# SmolLM2-135M-Instruct as `dctms demo` prepared it, or its tiny random fallback.
+DEMO_CACHE = $${XDG_CACHE_HOME:-$$HOME/.cache}/dctms
 serve-demo: $(STAMP)
 	$(BIN)/dctms demo > /dev/null
-	$(BIN)/dctms serve --plan demo=$(DEMO_DIR)/demo.plan=$(DEMO_DIR)
+	@if [ -f $(DEMO_CACHE)/smollm2/demo.plan ]; then \
+	  spec=demo=$(DEMO_CACHE)/smollm2/demo.plan=$(DEMO_CACHE)/smollm2/smollm2-135m-instruct-float32; \
+	else spec=demo=$(DEMO_CACHE)/demo-qwen2/demo.plan=$(DEMO_CACHE)/demo-qwen2; fi; \
+	echo "$(BIN)/dctms serve --plan $$spec"; $(BIN)/dctms serve --plan $$spec
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,13 +1,17 @@
 """Planner benchmark: compile time and plan quality of the checked-in plans, and assigner scaling.
 
-Usage: .venv/bin/python bench/planner.py [--repeat 3] [--tensors 50000]
+Usage: .venv/bin/python bench/planner.py [--repeat 3] [--tensors 50000] [--span 1000000000]
+       [--tiles 100,200,500,2000] [--seeds 3] [--seconds 10] [--skip-compile]
 
 Per checked-in config (plans/configs) it compiles in this process (imports warm, best of
 --repeat) and reports Table 1 (logical tensors -> physical buffers, reduction) against the paper's
 448 -> 122 (72.77 %), the arena against its lower bound, and two baselines measured on the same
 plan in the same run: no reuse at all (every tenant its own bytes) and the paper's colouring
-(one buffer per colour, each sized to its largest tenant). Then a synthetic set of --tensors
-intervals goes through colouring, the lower bound and offset packing.
+(one buffer per colour, each sized to its largest tenant). The offset packer is then measured
+greedy alone against greedy + search (--seconds) on the checked-in plans' phases and on tile
+instances whose optimum is known by construction (a rectangle cut into --tiles random tiles), and
+a synthetic set of --tensors intervals with slot numbers up to --span goes through colouring, the
+lower bound and offset packing.
 """
 
 from __future__ import annotations
@@ -59,40 +63,119 @@ def bench_plans(repeat: int) -> None:
     )
 
 
-def bench_assigner(n: int) -> None:
+def _time(fn, *args):
+    # CPU seconds of this process: the machine is shared, and wall time would measure the others.
+    t0 = time.process_time()
+    out = fn(*args)
+    return out, time.process_time() - t0
+
+
+def bench_plan_packing(seconds: float) -> None:
+    """Each checked-in plan's phases re-packed from their tenants: greedy alone vs with search."""
+    from dctms.schema.io import read_plan
+    from dctms.schema.sizes import align_up, is_arena_tenant
+    from dctms.toolkit.pack_problem import make_problem
+    from dctms.toolkit.pack_solve import solve
+
+    print(f"\npacking the checked-in plans' phases (search budget {seconds:g} s)")
+    print(
+        f"{'plan / phase':<28}{'tenants':>9}{'greedy/LB':>11}{'greedy cpu s':>14}"
+        f"{'search/LB':>11}{'search cpu s':>14}  proof"
+    )
+    for path in sorted((ROOT / "plans").glob("*.plan")):
+        plan = read_plan(path)
+        align = plan.target.alignment
+        for phase in plan.phases:
+            tenants = [t for t in phase.tensors if is_arena_tenant(t)]
+            problem = make_problem(
+                [t.interval[0] for t in tenants],
+                [t.interval[1] + 1 for t in tenants],
+                [align_up(t.bytes, align) for t in tenants],
+                align,
+            )
+            greedy, tg = _time(solve, problem, 0.0)
+            searched, ts = _time(solve, problem, seconds)
+            assert phase.arena_bytes in (greedy.arena, searched.arena) or not searched.gap
+            print(
+                f"{path.stem + ' ' + phase.name:<28}{problem.n:>9,}"
+                f"{greedy.arena / greedy.lower_bound:>11.4f}{tg:>14.2f}"
+                f"{searched.arena / searched.lower_bound:>11.4f}{ts:>14.2f}  "
+                f"{searched.proof or f'gap {searched.gap:,} B'}"
+            )
+
+
+def bench_tiles(counts: list[int], seeds: int, seconds: float) -> None:
+    """Rectangles cut into tiles: the optimum is the rectangle's width, by construction."""
+    from dctms.toolkit.pack_instances import tiles
+    from dctms.toolkit.pack_solve import solve
+
+    width = 1 << 20
+    print(f"\ntiles: a {width:,} B x 10,000-slot rectangle cut at random (optimum = width)")
+    print(
+        f"{'tiles':>6}{'seed':>5}{'greedy/opt':>12}{'greedy cpu s':>14}"
+        f"{'search/opt':>12}{'search cpu s':>14}  proof"
+    )
+    for n in counts:
+        for seed in range(seeds):
+            problem, _ = tiles(n, seed=seed, width=width)
+            greedy, tg = _time(solve, problem, 0.0)
+            searched, ts = _time(solve, problem, seconds)
+            print(
+                f"{n:>6}{seed:>5}{greedy.arena / width:>12.4f}{tg:>14.2f}"
+                f"{searched.arena / width:>12.4f}{ts:>14.2f}  "
+                f"{searched.proof or f'gap {searched.gap / width:.2%}'}",
+                flush=True,
+            )
+
+
+def bench_assigner(n: int, span: int) -> None:
+    """--tensors random lifetimes over slot numbers up to --span: colouring, bound, packing."""
+    import numpy as np
+
     from dctms.toolkit import assign
+    from dctms.toolkit.pack_problem import is_valid, make_problem
 
     rng = random.Random(0)
-    slots = n // 2
+    mean = 80 * span / n  # ~80 tensors live at once, whatever the span
     intervals, sizes = [], []
     for _ in range(n):
-        s = rng.randrange(slots)
-        intervals.append((s, min(slots - 1, s + int(rng.expovariate(1 / 40)))))
+        s = rng.randrange(span - 1)
+        intervals.append((s, min(span - 1, s + int(rng.expovariate(1 / mean)))))
         sizes.append(rng.choice([256, 4096, 65536, 1 << 20, 7 << 20]))
+    print(f"\nsynthetic {n:,} intervals, slot numbers up to {span:,}")
+    (_, buffer_size), tc = _time(assign.colour, intervals, sizes)
     aligned = [assign.align_up(x, 64) for x in sizes]
-    t0 = time.perf_counter()
-    _, buffer_size = assign.colour(intervals, sizes)
-    t1 = time.perf_counter()
-    lower = assign.lower_bound(intervals, aligned, slots)
-    t2 = time.perf_counter()
-    _, arena = assign.pack(intervals, sizes, 64, floor=lower)
-    t3 = time.perf_counter()
-    print(f"\nsynthetic {n:,} intervals over {slots:,} slots")
+    lower, tl = _time(assign.lower_bound, intervals, aligned)
+    packing, tp = _time(assign.pack, intervals, sizes, 64)
+    problem = make_problem([s for s, _ in intervals], [e + 1 for _, e in intervals], aligned, 64)
+    assert is_valid(problem, np.asarray(packing.offsets)), "overlapping offsets"
     print(
-        f"  colouring   {t1 - t0:7.2f} s  -> {len(buffer_size):,} buffers "
+        f"  colouring   {tc:7.2f} cpu s  -> {len(buffer_size):,} buffers "
         f"({1 - len(buffer_size) / n:.2%} reduction)"
     )
-    print(f"  lower bound {t2 - t1:7.2f} s")
-    print(f"  packing     {t3 - t2:7.2f} s  -> arena / lower bound = {arena / lower:.3f}")
+    print(f"  lower bound {tl:7.2f} cpu s")
+    print(
+        f"  packing     {tp:7.2f} cpu s  -> arena / lower bound = {packing.arena / lower:.4f} (greedy)"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tensors", type=int, default=50_000)
+    ap.add_argument("--span", type=int, default=10**9, help="largest slot number (synthetic)")
+    ap.add_argument("--tiles", default="100,200,500,2000", help="tile counts ('' to skip)")
+    ap.add_argument("--seeds", type=int, default=3, help="tile instances per count")
+    ap.add_argument("--seconds", type=float, default=10.0, help="packer search budget")
+    ap.add_argument("--skip-compile", action="store_true", help="no compile-time table")
     args = ap.parse_args()
-    bench_plans(args.repeat)
-    bench_assigner(args.tensors)
+    if not args.skip_compile:
+        bench_plans(args.repeat)
+    bench_plan_packing(args.seconds)
+    if args.tiles:
+        bench_tiles([int(x) for x in args.tiles.split(",")], args.seeds, args.seconds)
+    if args.tensors:
+        bench_assigner(args.tensors, args.span)
 
 
 if __name__ == "__main__":

@@ -44,8 +44,10 @@ def load_prompts(path: str | Path) -> list[Prompt]:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DctmsError(f"{p}: prompts file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DctmsError(f"{p}: unreadable prompts file: {err}") from None
+    except (OSError, ValueError) as err:  # ValueError: bad JSON, bad UTF-8, a 5,000-digit number
+        raise DctmsError(f"{p}: unreadable prompts file: {str(err)[:120]}") from None
+    except RecursionError:
+        raise DctmsError(f"{p}: unreadable prompts file: nested too deeply") from None
     items = data.get("prompts") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
         raise DctmsError(f'{p}: expected a non-empty list under "prompts"')

@@ -55,6 +55,17 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         "--backend", choices=["cpu", "gpu"], help="MLX device (default: MLX's default)"
     )
     parser.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
+    parser.add_argument(
+        "--pack-seconds",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help=(
+            "search budget of the offset packer when its greedy pass misses the lower bound, "
+            "spread over the phases; a fixed amount of work, so plans stay reproducible "
+            "(default 2; 0: greedy only)"
+        ),
+    )
     parser.add_argument("--profile", choices=PROFILE_NAMES, help="roofline target profile")
     parser.add_argument(
         "--sync-every",
@@ -102,4 +113,5 @@ def compile_options(
         profile=args.profile,
         hash_weights=args.hash_weights,
         sync_every=args.sync_every,
+        pack_seconds=args.pack_seconds,
     )

@@ -23,6 +23,7 @@ COMMANDS = [
     "dot",
     "trace",
     "fit",
+    "pack",
     "pool",
     "serve",
     "roofline",

@@ -68,6 +68,8 @@ def read_config(config_path: Path) -> dict:
         raise DctmsError(f"{config_path}: not valid JSON: {err.msg} at line {err.lineno}") from None
     except RecursionError:
         raise DctmsError(f"{config_path}: nested too deeply") from None
+    except ValueError as err:  # a number of more than 4,300 digits
+        raise DctmsError(f"{config_path}: not valid JSON: {str(err)[:80]}") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise DctmsError(f"{config_path}: not a model config (no model_type)")
     return config
@@ -94,7 +96,7 @@ def read_safetensors_header(path: Path) -> list[HeaderTensor]:
             size = f.seek(0, 2)
     except OSError as err:
         raise DctmsError(f"{path}: cannot read: {err.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, a 5,000-digit number, deep nesting
         raise DctmsError(f"{path}: not a safetensors file (bad header)") from None
     if not isinstance(header, dict):
         raise DctmsError(f"{path}: not a safetensors file (header is not a JSON object)")

@@ -87,8 +87,8 @@ def _weight_files(folder: Path) -> tuple[Path, ...]:
 def _index_map(index: Path) -> dict[str, str]:
     try:
         data = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DctmsError(f"{index}: unreadable shard index: {err}") from None
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: JSON, UTF-8, 5,000 digits
+        raise DctmsError(f"{index}: unreadable shard index: {str(err)[:120]}") from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()

@@ -33,6 +33,10 @@ ALLOWED = {
     "fit": {0, 1, 2},
     "run": {0, 2, 3},
     "bench": {2},
+    "roofline": {0, 2},
+    "pool": {0, 1, 2},
+    "convert-gguf": {0, 2},
+    "pack": {0, 2},
 }
 
 INTS = [0, -1, 1, 2, 3, 7, 2**31 - 1, 2**31, 2**32, 2**53, 2**53 + 1, 2**63, 10**12, -(2**31), 10**400]
@@ -87,7 +91,8 @@ def cases(seed: int, count: int, fixtures: dict[str, bytes]) -> Iterator[Case]:
 
 def _plan_command(rng: random.Random, runnable: bool) -> tuple[str, list[str], list[str]]:
     """A command reading {d}/p.plan: (command, argv, outputs)."""
-    choices = ["validate", "show", "dot", "trace", "diff"] + (["run", "run"] if runnable else [])
+    choices = ["validate", "show", "dot", "trace", "diff", "roofline", "pool"]
+    choices += ["run", "run"] if runnable else []
     command = rng.choice(choices)
     plan = "{d}/p.plan"
     if command == "validate":
@@ -99,6 +104,10 @@ def _plan_command(rng: random.Random, runnable: bool) -> tuple[str, list[str], l
         return command, ["dot", plan, "--view", view, "-o", "{d}/out.dot"], ["out.dot"]
     if command == "trace":
         return command, ["trace", plan, "-o", "{d}/out.json"], ["out.json"]
+    if command == "roofline":
+        return command, ["roofline", plan] + (["--json"] if rng.random() < 0.5 else []), []
+    if command == "pool":
+        return command, ["pool", "--memory", "1GiB", plan, "{f}/tiny.plan"], []
     if command == "diff":
         other = "{f}/tiny.plan" if runnable else "{f}/small.plan"
         return command, ["diff", other, plan, "--format", rng.choice(["text", "json"])], []
@@ -207,7 +216,8 @@ def _path_option(
 
 def _options(i, rng, fixtures, small, tiny, config) -> Case:
     command = rng.choice(["compile", "compile", "fit", "run", "run", "dot", "trace", "diff",
-                          "bench", "show", "validate"])  # fmt: skip
+                          "bench", "show", "validate", "roofline", "pool", "convert-gguf",
+                          "pack"])  # fmt: skip
     files = {"p.plan": _b64(fixtures["tiny.plan"])}
     outputs: list[str] = []
     num = lambda: rng.choice(NUMBERS)  # noqa: E731
@@ -260,6 +270,34 @@ def _options(i, rng, fixtures, small, tiny, config) -> Case:
         argv = ["bench", "{d}/p.plan", "--model", "{f}/model", "-q", "--no-plot", "--reps",
                 rng.choice(["0", "-1", "9" * 30, "x"]), "--warmup", num(), "--resamples",
                 num(), "--out", "{d}/bench"]  # fmt: skip
+    elif command == "roofline":
+        argv = ["roofline", "{d}/p.plan", "--prompt-tokens", num()]
+        if rng.random() < 0.4:
+            argv += ["--compare-bench", rng.choice(["{d}/none.json", "{d}", "{d}/p.plan", ""])]
+        if rng.random() < 0.3:
+            argv += ["--profile", rng.choice(["apple-m1", "cpu-x86-2core", "x"])]
+    elif command == "pool":
+        argv = ["pool", "--memory", rng.choice(SIZES), "{d}/p.plan",
+                rng.choice(["{f}/tiny.plan", "a={d}/p.plan", "=", "x=", "{d}/none"])]  # fmt: skip
+        if rng.random() < 0.3:
+            argv.append("--concurrent")
+    elif command == "convert-gguf":
+        data = rng.choice([b"", b"GGUF", b"GGUF" + bytes(rng.randrange(256) for _ in range(64)),
+                           b"not a gguf file at all", fixtures["model.safetensors"][:200]])  # fmt: skip
+        files["m.gguf"] = _b64(data)
+        out, outputs, made = _path_option(rng, "out", "{d}/m.gguf")
+        files.update(made)
+        argv = ["convert-gguf", "{d}/m.gguf", out, "-q"]
+    elif command == "pack":
+        rows = ["id,start,end,size", "a,0,3,64", "b,2,5,32", "c,4,6,128"]
+        k = rng.randrange(1, len(rows))
+        rows[k] = rng.choice(["x,1", "a,0,3,64", "d,5,2,8", "e,0,1,-4", "f,0,1," + "9" * 400,
+                              "g,0,1,1e9", "", ",,,", "h,0,1,64,3", "i,0,1,64,0"])  # fmt: skip
+        files["p.csv"] = _b64("\n".join(rows).encode())
+        out, outputs, made = _path_option(rng, "o.csv", "{d}/p.csv")
+        files.update(made)
+        argv = ["pack", "{d}/p.csv", "--seconds", rng.choice(["0", "0.01", "-1", "nan", "1e9"]),
+                "--alignment", rng.choice(["1", "0", "64", "3", "9" * 30]), "-o", out]  # fmt: skip
     elif command == "show":
         argv = ["show", rng.choice(["{d}/p.plan", "{d}", "{d}/none", "", "/proc/self/mem",
                                     "/dev/null"])]  # fmt: skip
@@ -294,6 +332,9 @@ def _configs(i, rng, fixtures, small, tiny, config) -> Case:
     if rng.random() < 0.05:
         text = "[" * 5000 + "]" * 5000
         data = ('{"model_type": "qwen2", "x": ' + text + "}").encode()
+    elif rng.random() < 0.04:  # a number past Python's 4,300-digit int conversion limit
+        cfg[rng.choice(CONFIG_KEYS)] = "HUGE"
+        data = json.dumps(cfg).replace('"HUGE"', "9" * 5000).encode()
     else:
         data = json.dumps(cfg).encode()
     command = rng.choice(["compile", "compile", "compile", "fit"])
@@ -330,6 +371,8 @@ def _headers(i, rng, fixtures, small, tiny, config) -> Case:
     elif how == "meta":
         header["__metadata__"] = rng.choice([1, {"format": 5}, None])
     head = json.dumps(header).encode()
+    if rng.random() < 0.05:  # a number past Python's 4,300-digit int conversion limit
+        head = head.replace(b'"data_offsets": [', b'"data_offsets": [' + b"9" * 5000 + b", ", 1)
     length = len(head)
     if how == "length":
         length = rng.choice([0, 7, length + 100, 2**40, 2**64 - 1])

@@ -50,6 +50,8 @@ class _Capture(io.TextIOWrapper):
 
 def complete(path: Path) -> str | None:
     """Why an output file is not a complete output, or None."""
+    if path.is_dir():
+        return None  # a folder of outputs (convert-gguf): its files are the command's
     data = path.read_bytes()
     if path.suffix == ".plan":
         from dctms.schema.errors import DctmsError

@@ -88,7 +88,7 @@ def _collect(proc: subprocess.Popen) -> tuple[int, list[dict], int | None, str]:
 
 
 @pytest.mark.slow
-def test_fuzz_every_command(fixtures, tmp_path):
+def test_fuzz_every_command(fixtures, tmp_path, capsys):
     share = -(-COUNT // WORKERS)
     pending = [(k * share, min(share, COUNT - k * share)) for k in range(WORKERS)]
     total, problems = 0, []
@@ -109,7 +109,8 @@ def test_fuzz_every_command(fixtures, tmp_path):
                                  "stderr": err[-500:]})  # fmt: skip
                 if count - seen > 0:
                     pending.append((died_in + 1, count - seen))
-    print(f"\nfuzz: {total} cases (seed {SEED}), {len(problems)} problems")
+    with capsys.disabled():  # the count of the run, shown also when output is captured
+        print(f"\nfuzz: {total} cases (seed {SEED}), {len(problems)} problems")
     assert total >= COUNT
     assert not problems, "\n".join(json.dumps(p)[:600] for p in problems[:15])
 

@@ -181,3 +181,54 @@ def test_renamed_names_are_refused_in_one_line(
     assert_one_line_refusal(bench, "bench", run_needle)
     assert not (tmp_path / "bench").exists()
 
+
+
+# ------------------------------------------------------------------- issue 10.5: one path
+
+
+def test_a_run_validates_once_and_configures_mlx_once(tiny, monkeypatch):
+    """check_runtime is pure; the request is validated once (not again in generate); the device
+    is set once, when the Session opens."""
+    import mlx.core as mx
+
+    import dctms.runner.request as request
+
+    plan, folder = tiny
+    calls: list[str] = []
+    set_device, validate = mx.set_default_device, request.validate_requests
+
+    def counted_device(device):
+        calls.append("device")
+        return set_device(device)
+
+    def counted_validate(*args, **kwargs):
+        calls.append("validate")
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(mx, "set_default_device", counted_device)
+    monkeypatch.setattr(request, "validate_requests", counted_validate)
+    from dctms.runner.load import load_checked_plan
+
+    load_checked_plan(plan)
+    assert calls == []  # reading and checking the plan changes no MLX state
+    result = cli("run", str(plan), "--model", str(folder), "--tokens", "1,2,3", "--max-tokens", "3")
+    # 3 is possible here: in-process, MLX's peak also counts arrays other tests hold
+    assert result.code in (0, 3) and len(result.out.split(",")) == 3, result.err
+    assert calls.count("validate") == 1 and calls.count("device") == 1, calls
+
+
+def test_generate_takes_only_a_request_of_its_own_plan(tiny):
+    import msgspec
+
+    from dctms.runner.load import load_checked_plan
+    from dctms.runner.request import validate_request
+    from dctms.runner.session import Session
+    from dctms.schema.model_folder import open_model_folder
+
+    plan_path, folder = tiny
+    plan = load_checked_plan(plan_path)
+    session = Session(plan, open_model_folder(folder))
+    assert session.generate(validate_request(plan, [1, 2], 2)).tokens
+    other = msgspec.structs.replace(plan)  # an equal plan, but not the session's
+    with pytest.raises(ValueError, match="another plan"):
+        session.generate(validate_request(other, [1, 2], 2))

@@ -19,9 +19,7 @@ def _overlap_free(p: Problem, offsets: list[int]) -> bool:
             return False
         for j in range(i):
             live_together = p.start[i] < p.end[j] and p.start[j] < p.end[i]
-            apart = (
-                offsets[i] + p.size[i] <= offsets[j] or offsets[j] + p.size[j] <= offsets[i]
-            )
+            apart = offsets[i] + p.size[i] <= offsets[j] or offsets[j] + p.size[j] <= offsets[i]
             if live_together and p.size[i] and p.size[j] and not apart:
                 return False
     return True

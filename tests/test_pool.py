@@ -10,8 +10,9 @@ import pytest
 from conftest import make_tiny_plan
 
 from dctms.cli.main import main
+from dctms.figures.pool import member, pool_of, pool_summary
 from dctms.schema.io import read_plan, write_plan
-from dctms.views.pool import member, pool_of, pool_summary, pool_text
+from dctms.views.pool import pool_text
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 SMALL, BIG = PLANS / "qwen1.5b.plan", PLANS / "qwen7b.plan"

@@ -343,3 +343,28 @@ def test_ctrl_c_with_streams_running_and_requests_queued_still_stops(models):
     assert rc == 0, proc.stderr()
     assert took < 20 and "Traceback" not in proc.stderr()
     assert len(outcomes) == 4 and not any(t.is_alive() for t in threads)
+
+
+def test_a_queued_request_whose_client_left_is_withdrawn(server, client):
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = server.status()["clients_disconnected"]
+    body = json.dumps({"model": "beta", "prompt": "never mind", "max_tokens": 12})
+    host, port = server.url.removeprefix("http://").split(":")
+    with ThreadPoolExecutor(4) as pool:  # keep the worker busy so the next request queues
+        busy = [
+            pool.submit(client.completions.create, model="beta", prompt=f"busy {k}", max_tokens=12)
+            for k in range(4)
+        ]
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(
+                f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+            )  # and gone before the answer
+        assert all(f.result().choices for f in busy)
+    deadline = time.monotonic() + 30
+    while server.status()["clients_disconnected"] == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = server.status()
+    assert st["clients_disconnected"] == before + 1
+    assert st["queue_waiting"] == 0 and st["queue_running"] == 0

@@ -21,6 +21,7 @@ MAX_LAYERS = 512  # the largest released decoders have ~130
 MAX_DIMENSION = 2**20  # hidden, intermediate, heads, head_dim
 MAX_VOCAB = 2**24
 MAX_CONFIG_DEPTH = 32  # real configs nest 3 levels
+MAX_CONFIG_FLOAT = 1e30  # rope_theta is ~1e4..1e8, norm epsilons ~1e-6
 
 # config.json keys that are dimensions (>= 1) and their upper limits.
 CONFIG_DIMENSIONS = {
@@ -48,9 +49,9 @@ QUANT_GROUP_SIZES = (32, 64, 128)
 def check_count(name: str, value: int, low: int, high: int) -> None:
     """``low <= value <= high`` for an integer option or field, else one line naming both."""
     if type(value) is not int:
-        raise DctmsError(f"{name} must be an integer, got {value!r}")
+        raise DctmsError(f"{name} must be an integer, got {_short(value)}")
     if not low <= value <= high:
-        raise DctmsError(f"{name} must be between {low:,} and {high:,}, got {value:,}")
+        raise DctmsError(f"{name} must be between {low:,} and {high:,}, got {_short(value)}")
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -75,7 +76,7 @@ def check_config(config: dict[str, Any]) -> None:
     for key in ("torch_dtype", "dtype"):
         value = config.get(key)
         if value is not None and not isinstance(value, str):
-            raise DctmsError(f"config.json: {key} must be a dtype name, got {value!r}")
+            raise DctmsError(f"config.json: {key} must be a dtype name, got {_short(value)}")
     depth = _depth(config)
     if depth > MAX_CONFIG_DEPTH:
         raise DctmsError(f"config.json nests {depth} levels deep (at most {MAX_CONFIG_DEPTH})")
@@ -84,42 +85,53 @@ def check_config(config: dict[str, Any]) -> None:
             if key in section and section[key] is not None:
                 value = section[key]
                 if type(value) is not int:
-                    raise DctmsError(f"config.json: {where}{key} must be an integer, got {value!r}")
+                    raise DctmsError(f"config.json: {where}{key} must be an integer, got {_short(value)}")
                 if not 1 <= value <= high:
                     raise DctmsError(
-                        f"config.json: {where}{key} must be between 1 and {high:,}, got {value:,}"
+                        f"config.json: {where}{key} must be between 1 and {high:,}, got {_short(value)}"
                         + (" (dctms plans at most that many layers)" if key == "num_hidden_layers" else "")
                     )
         for key in CONFIG_POSITIVE_FLOATS:
             value = section.get(key)
             if value is None:
                 continue
-            if type(value) not in (int, float) or not (math.isfinite(value) and value > 0):
+            # compared, not converted: an integer of 400 digits has no float
+            finite = type(value) is int or (type(value) is float and math.isfinite(value))
+            if not finite or not 0 < value <= MAX_CONFIG_FLOAT:
                 raise DctmsError(
-                    f"config.json: {where}{key} must be a positive finite number, got {value!r}"
+                    f"config.json: {where}{key} must be a positive number of at most "
+                    f"{MAX_CONFIG_FLOAT:g}, got {_short(value)}"
                 )
     for key in ("quantization", "quantization_config"):
         quant = config.get(key)
         if quant is None:
             continue
         if not isinstance(quant, dict):
-            raise DctmsError(f"config.json: {key} must be an object, got {quant!r}")
+            raise DctmsError(f"config.json: {key} must be an object, got {_short(quant)}")
         if "bits" not in quant and "group_size" not in quant:
             continue  # another library's quantisation record: mlx-lm ignores it, so do we
         bits, group = quant.get("bits"), quant.get("group_size")
         if type(bits) is not int or bits not in QUANT_BITS:
             raise DctmsError(
                 f"config.json: {key}.bits must be one of {', '.join(map(str, QUANT_BITS))}, "
-                f"got {bits!r}"
+                f"got {_short(bits)}"
             )
         if type(group) is not int or group not in QUANT_GROUP_SIZES:
             raise DctmsError(
                 f"config.json: {key}.group_size must be one of "
-                f"{', '.join(map(str, QUANT_GROUP_SIZES))}, got {group!r}"
+                f"{', '.join(map(str, QUANT_GROUP_SIZES))}, got {_short(group)}"
             )
         mode = quant.get("mode", "affine")
         if not isinstance(mode, str):
-            raise DctmsError(f"config.json: {key}.mode must be a string, got {mode!r}")
+            raise DctmsError(f"config.json: {key}.mode must be a string, got {_short(mode)}")
+
+
+def _short(value: Any) -> str:
+    """``value`` for a message: at most 40 characters (a 400-digit number is cut)."""
+    if type(value) is int and abs(value) >= 10**40:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _sections(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -163,9 +175,9 @@ def check_options(opts: Any) -> None:
         if value is None:
             continue
         if type(value) is not int:
-            raise DctmsError(f"{name} must be an integer, got {value!r}")
+            raise DctmsError(f"{name} must be an integer, got {_short(value)}")
         if value > high:
-            raise DctmsError(f"{name} must be at most {high:,}, got {value:,}")
+            raise DctmsError(f"{name} must be at most {high:,}, got {_short(value)}")
     if opts.input_tokens + opts.output_tokens > MAX_TOKENS:
         raise DctmsError(
             f"N + M must be at most {MAX_TOKENS:,} positions, got "

@@ -3,11 +3,12 @@
 ``solve(problem, seconds)``:
 
 1. greedy best-fit over several orders (``pack_greedy``); an arena equal to the live-bytes lower
-   bound is optimal and ends it (every checked-in LLM plan stops here);
-2. otherwise the problem is split into independent parts (no buffer crosses between them) and a
-   search over capacities ``C`` runs, lowest first: every part whose greedy packing is above ``C``
-   is searched (``pack_search``) for a packing within ``C``. A part found to fit lowers the arena;
-   a part proven not to fit raises the proven lower bound to the next possible arena above ``C``.
+   bound is optimal and ends it (the checked-in 7B plan's phases stop here);
+2. otherwise the problem is split into independent parts (no buffer crosses between them). Short
+   bottom-left dives (searches with little room to backtrack) first try to lower each part's top;
+   then a search over capacities ``C`` runs, lowest first: every part above ``C`` is searched
+   (``pack_search``) for a packing within ``C``. A part found to fit lowers the arena; a part
+   proven not to fit raises the proven lower bound to the next possible arena above ``C``.
    Capacities are probed from the lower bound up, then halving the remaining gap, until the arena
    meets the proven bound (optimal) or the budget is spent (the gap is reported).
 
@@ -23,12 +24,16 @@ import numpy as np
 
 from dctms.toolkit.pack_greedy import best_fit, greedy_orders
 from dctms.toolkit.pack_problem import Problem, Sweep, granule, live_max, sweep
-from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE, Outcome, PartSearch, preorders
+from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE, Outcome, PartSearch
 
-# Search work (array elements touched, see pack_search) per second of budget on one core here.
-WORK_PER_SECOND = 80_000_000
+# Search work (array elements touched, see pack_search) per CPU second on the development machine.
+WORK_PER_SECOND = 100_000_000
+# A greedy order this close to the lower bound ends the greedy pass (the search may still close it).
+GOOD_ENOUGH = 1e-4
 # The first node limit of the round-robin over pre-orders, per buffer of the part (then doubled).
 _FIRST_LIMIT_NODES = 4
+# Nodes per buffer a dive may visit (it backtracks only a little).
+_DIVE_NODES = 3
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,8 @@ def solve(p: Problem, seconds: float = 0.0) -> Packing:
         offsets, arena = best_fit(p, sw, order)
         if best_arena is None or arena < best_arena:
             best_offsets, best_arena = offsets, arena
-        if arena <= lower:
-            break
+        if arena <= lower * (1 + GOOD_ENOUGH):
+            break  # the other orders could gain at most GOOD_ENOUGH; the search may close it
     greedy_arena = best_arena
     budget = int(seconds * WORK_PER_SECOND)
     if best_arena <= lower or budget <= 0:
@@ -91,7 +96,9 @@ def _search(
     tops = [int((offsets[m] + p.size[m]).max()) for m, *_ in parts]
     infeasible_at = [-1] * len(parts)  # the highest capacity proven too small, per part
     arena = max(tops, default=0)
-    bound, probe_floor, spent = lower, lower, 0
+    bound, probe_floor = lower, lower
+    spent = _dive(p, sw, parts, offsets, tops, g, lower, budget // 4)
+    arena = max(tops, default=0)
     while probe_floor < arena and spent < budget:
         capacity = bound if probe_floor == bound else _mid(probe_floor, arena, g)
         share = (budget - spent) // 2 if capacity == lower else budget - spent
@@ -116,10 +123,12 @@ def _probe(
     for i in above:
         if infeasible_at[i] >= capacity:
             return INFEASIBLE, spent
-        members, first, last, search = parts[i]
+        members = parts[i][0]
+        search, setup = _part_search(p, sw, parts, i, budget - spent)
+        spent += setup
         if search is None:
-            search = PartSearch(p, sw, members, first, last)
-            parts[i][3] = search
+            status = BUDGET
+            continue
         outcome, used = _round_robin(search, capacity, budget - spent)
         spent += used
         if outcome.status == FOUND:
@@ -135,15 +144,62 @@ def _probe(
     return status, spent
 
 
+def _part_search(p: Problem, sw: Sweep, parts: list, i: int, budget: int) -> tuple:
+    """The part's search state (built once) and the work of building it; None if over budget."""
+    members, first, last, search = parts[i]
+    if search is not None:
+        return search, 0
+    # Building the search costs about the sections its buffers span, several times over.
+    setup = 4 * int((sw.sec_hi[members] - sw.sec_lo[members]).sum()) + search_overlap_cost(
+        sw, members
+    )
+    if setup > budget:
+        return None, 0
+    parts[i][3] = PartSearch(p, sw, members, first, last)
+    return parts[i][3], setup
+
+
+def search_overlap_cost(sw: Sweep, members: np.ndarray) -> int:
+    """Work of listing each buffer's overlaps (prefix scans over buffers sorted by start)."""
+    lo, hi = sw.sec_lo[members], sw.sec_hi[members]
+    return int(np.searchsorted(np.sort(lo), hi, side="left").sum())
+
+
+def _dive(p, sw, parts, offsets, tops, g: int, lower: int, budget: int) -> int:
+    """Short searches just below each part's best top, one per pre-order: with little room to
+    backtrack they act as bottom-left constructive heuristics and often beat the greedy orders."""
+    spent = 0
+    for i in sorted(range(len(parts)), key=lambda i: -tops[i]):
+        if tops[i] <= lower:
+            continue
+        search, setup = _part_search(p, sw, parts, i, budget - spent)
+        spent += setup
+        if search is None:
+            continue
+        improved = True
+        while improved:  # again from every pre-order while some dive lowers the top
+            improved = False
+            for rank in search.ranks():
+                dive = _DIVE_NODES * search.m * search.node_work() + search.dive_extra()
+                left = min(budget - spent, dive)
+                if left <= 0:
+                    return spent
+                if tops[i] - g < int(search.total0.max()):
+                    improved = False
+                    break  # this part is at its own lower bound
+                outcome = search.fits(tops[i] - g, rank, left)
+                spent += outcome.work
+                if outcome.status == FOUND:
+                    offsets[parts[i][0]] = outcome.offsets
+                    tops[i] = int((outcome.offsets + search.size).max())
+                    improved = True
+    return spent
+
+
 def _round_robin(search: PartSearch, capacity: int, budget: int) -> tuple[Outcome, int]:
     """Each pre-order in turn with a node limit that doubles (MiniMalloc's restarts)."""
-    setup = search.overlap_cost()
-    if setup > budget:
-        return Outcome(BUDGET, None, 0), 0
-    spent = setup
-    search.overlaps()
-    length = (search.hi - search.lo).astype(np.int64)
-    ranks = preorders(search.size, length, search.crowding())
+    spent = 0
+    ranks = search.ranks()
     limit = _FIRST_LIMIT_NODES * search.m * (search.m + search.k)
     while True:
         for rank in ranks:

@@ -27,6 +27,7 @@ HEADER = (
 
 def roofline_text(plan: Plan, roof: Roofline) -> str:
     p, b = roof.profile, plan.bounds
+    plan_phases = {ph.name: ph for ph in plan.phases}
     lines = [
         f"{plan.model.architecture} ({plan.model.num_layers} layers), N = {b.input_tokens:,}, "
         f"M = {b.output_tokens:,}, batch {b.batch}, prefill chunk {b.prefill_chunk}, {b.dtype}",
@@ -43,8 +44,19 @@ def roofline_text(plan: Plan, roof: Roofline) -> str:
         ]
         lines += [_row(r, roof.ridge) for r in ph.rows]
         lines.append(_row(ph.total, roof.ridge))
+        lengths = getattr(plan_phases.get(ph.name), "lengths", None)
+        if lengths is not None:  # the runner runs it at real lengths: these are the bound's
+            at = ", ".join(f"{n} {b:,}" for n, b in zip(lengths.names, lengths.bound, strict=True))
+            lines.append(
+                f"  (at the bound: {at}; the runner calls it at real lengths, so a shorter call "
+                "moves less than this)"
+            )
     decode = next((ph for ph in roof.phases if ph.name == "decode"), None)
-    lines += ["", "predicted at the roofline (a lower bound on time: no dispatch overhead)"]
+    if any(getattr(ph, "lengths", None) is not None for ph in plan.phases):
+        title = "predicted at the roofline, every call at its phase's bound (no dispatch overhead)"
+    else:
+        title = "predicted at the roofline (a lower bound on time: no dispatch overhead)"
+    lines += ["", title]
     if decode is not None:
         lines.append(
             f"  decode: {seconds_text(roof.decode_s)} per token = "

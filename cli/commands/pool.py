@@ -51,9 +51,10 @@ def named_plan_paths(specs: list[str]) -> list[tuple[str, Path]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dctms.figures.pool import pool_of, pool_summary
     from dctms.figures.units import parse_size
     from dctms.schema.io import read_plan
-    from dctms.views.pool import pool_of, pool_summary, pool_text
+    from dctms.views.pool import pool_text
 
     try:
         budget = parse_size(args.memory)

@@ -52,12 +52,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import psutil
 
+    from dctms.figures.pool import pool_of, pool_summary
     from dctms.figures.units import human, parse_size
     from dctms.runner.load import load_checked_plan
     from dctms.runner.tokenize import Tokenizer
     from dctms.serve.allowance import serving_extras
     from dctms.serve.spec import parse_plan_specs
-    from dctms.views.pool import pool_of, pool_summary
 
     try:
         from dctms.serve import app as app_mod
