@@ -28,11 +28,12 @@ COMMANDS = [
     "serve",
     "roofline",
     "convert-gguf",
+    "check",
 ]
 
 # The commands that compute with MLX: started with an optimised BLAS when MLX carries the
 # reference one (dctms.runner.blas; DCTMS_BLAS=off keeps MLX's own).
-FAST_BLAS_COMMANDS = {"run", "bench", "demo", "compile", "fit", "serve", "roofline"}
+FAST_BLAS_COMMANDS = {"run", "bench", "demo", "compile", "fit", "serve", "roofline", "check"}
 
 
 def one_line(text: str) -> str:

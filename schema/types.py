@@ -333,6 +333,27 @@ class Stats(_Base):
     lower_bound_bytes: ByteCount
 
 
+class CompileRequest(_Base):
+    """What the plan was compiled from, exactly as asked: the model's config.json and every compile
+    option as given (None / the default where the compiler chose), so ``dctms check`` can re-compile
+    the plan the same way and a changed compiler default shows as drift. The values the compiler
+    resolved are in ``bounds`` and ``target``; the verifier checks the two agree."""
+
+    config: dict[str, Any]  # config.json as read; its canonical sha256 is model.config_sha256
+    input_tokens: Int
+    output_tokens: Int
+    batch: Int = 1
+    prefill_chunk: Int | None = None
+    dtype: Name | None = None
+    device_memory: ByteCount | None = None
+    backend: Name | None = None
+    alignment: Positive = 64
+    profile: Name | None = None
+    sync_every: Int = 0
+    hash_weights: bool = False
+    pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
+
+
 class Plan(_Base):
     schema_version: int
     generator: Generator
@@ -343,6 +364,7 @@ class Plan(_Base):
     phases: list[Phase]
     envelope: Envelope
     stats: Stats
+    compile: CompileRequest | None = None  # None in plans not written by the compiler (tests)
     # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
     # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.
     digest: Sha256 | Literal[""] = ""

@@ -33,6 +33,7 @@ from dctms.schema import (
     rules_graph,
     rules_lengths,
     rules_memory,
+    rules_request,
     rules_runner,
     rules_totals,
 )
@@ -81,6 +82,7 @@ RULES: dict[str, Rule] = {
     "dynamic_scratch": rules_derived.dynamic_scratch,
     "run_ahead": rules_derived.run_ahead,
     "lengths": rules_lengths.lengths,
+    "compile_request": rules_request.compile_request,
 }
 
 

@@ -52,7 +52,9 @@ def expected_shape(t: mi.Type) -> dict[str, Any]:
         return out
     if isinstance(t, mi.DictType):
         keys = {k: v for k, v in expected_shape(t.key_type).items() if k != "type"}
-        out = {"type": "object", "additionalProperties": expected_shape(t.value_type)}
+        out = {"type": "object"}
+        if not isinstance(t.value_type, mi.AnyType):  # as for lists, msgspec omits a bare {}
+            out["additionalProperties"] = expected_shape(t.value_type)
         if keys:
             out["propertyNames"] = keys
         return out

@@ -8,9 +8,11 @@ import pytest
 from conftest import make_tiny_plan
 from msgspec.structs import replace
 
+from dctms.schema.fingerprint import canonical_config_sha256
 from dctms.schema.types import (
     Binding,
     Buffer,
+    CompileRequest,
     Intermediate,
     LengthAffine,
     Lengths,
@@ -52,6 +54,18 @@ def nested(plan: Plan, field: str, **changes) -> Plan:
 
 def weights(plan: Plan, **changes) -> Plan:
     return replace(plan, model=replace(plan.model, weights=replace(plan.model.weights, **changes)))
+
+
+TINY_CONFIG = {"model_type": "tiny", "hidden_size": 8}
+
+
+def with_request(plan: Plan, config: dict | None = None, **changes) -> Plan:
+    """``plan`` with the compile request that made it (matching bounds, target and the hash of
+    TINY_CONFIG), then the request's ``config`` and ``changes`` replaced."""
+    fields = {"input_tokens": 8, "output_tokens": 8, "device_memory": 2**20} | changes
+    request = CompileRequest(config=TINY_CONFIG if config is None else config, **fields)
+    model = replace(plan.model, config_sha256=canonical_config_sha256(TINY_CONFIG))
+    return replace(plan, model=model, compile=request)
 
 
 def _output_ends_early(plan: Plan) -> Plan:
@@ -295,7 +309,11 @@ CASES: list[tuple[str, str, Break]] = [
         "tenant larger than its buffer",
         lambda p: phase(p, buffers=[Buffer(0, 16), Buffer(1, 8)]),
     ),
-    ("view_root", "state tensor (aliasing its input) with an offset", lambda p: tensor(p, "k_out", offset=0)),
+    (
+        "view_root",
+        "state tensor (aliasing its input) with an offset",
+        lambda p: tensor(p, "k_out", offset=0),
+    ),
     (
         "buffer_holds_tenants",
         "state tensor with a buffer and no view_of",
@@ -461,6 +479,30 @@ CASES: list[tuple[str, str, Break]] = [
         "a place that does not exist",
         lambda p: _with_lengths(p, affine=[LengthAffine([0], 8, ["o99/0.1"])]),
     ),
+    (
+        "compile_request",
+        "config edited after hashing",
+        lambda p: with_request(p, config={"model_type": "tiny", "hidden_size": 16}),
+    ),
+    (
+        "compile_request",
+        "config of another architecture",
+        lambda p: with_request(replace(p, model=replace(p.model, architecture="qwen2"))),
+    ),
+    ("compile_request", "N differs from bounds", lambda p: with_request(p, input_tokens=9)),
+    ("compile_request", "M differs from bounds", lambda p: with_request(p, output_tokens=7)),
+    ("compile_request", "batch differs", lambda p: with_request(p, batch=2)),
+    ("compile_request", "chunk differs", lambda p: with_request(p, prefill_chunk=8)),
+    ("compile_request", "dtype differs", lambda p: with_request(p, dtype="float32")),
+    ("compile_request", "backend differs", lambda p: with_request(p, backend="gpu")),
+    ("compile_request", "alignment differs", lambda p: with_request(p, alignment=128)),
+    ("compile_request", "profile differs", lambda p: with_request(p, profile="apple-m4-16gb")),
+    ("compile_request", "memory differs", lambda p: with_request(p, device_memory=2**21)),
+    (
+        "compile_request",
+        "file hashes without hash_weights",
+        lambda p: weights(with_request(p), files_sha256={"model.safetensors": "a" * 64}),
+    ),
     # what the runner looks up and the indices it feeds (schema/rules_runner.py)
     ("runner_names", "a prefill phase without last_index", lambda p: _with_prefill(p)),
     ("runner_names", "decode input renamed", lambda p: _with_prefill(binding(p, "inputs", "pos", name="pos"))),
@@ -505,6 +547,12 @@ def test_two_segment_variant_is_valid(tiny_plan: Plan) -> None:
 
 def test_tiny_plan_is_valid(tiny_plan: Plan) -> None:
     assert verify_plan(tiny_plan) == []
+
+
+def test_a_matching_compile_request_is_valid(tiny_plan: Plan) -> None:
+    assert verify_plan(with_request(tiny_plan)) == []
+    explicit = dict(prefill_chunk=4, dtype="float16", backend="cpu", alignment=64, profile="test")
+    assert verify_plan(with_request(tiny_plan, **explicit)) == []
 
 
 def test_every_rule_has_a_breaking_case() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 import msgspec
@@ -25,6 +25,7 @@ from dctms.schema.types import (
     Binding,
     Bounds,
     Buffer,
+    CompileRequest,
     Constant,
     Envelope,
     Generator,
@@ -376,6 +377,8 @@ def emit_plan(
         phases=phases,
         envelope=envelope,
         stats=table1_stats(phases),
+        # The inputs as given, so `dctms check` can re-compile exactly this plan.
+        compile=CompileRequest(config=config, **asdict(opts)),
     )
 
 

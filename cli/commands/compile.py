@@ -51,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, target) -> int:
     # The compiler (mlx.nn, numpy, mlx-lm) is imported here, not at parse time, so other
     # subcommands -- `dctms run` above all -- never load it.
+    import dataclasses
+
+    import dctms
     from dctms.schema.io import encode_plan
-    from dctms.schema.model_folder import open_model
-    from dctms.toolkit.compiler import compile_plan
 
     start = time.perf_counter()
 
@@ -63,9 +64,11 @@ def _run(args: argparse.Namespace, target) -> int:
         if show:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
 
-    source = open_model(args.model)
     opts = compile_options(args, args.input_tokens, args.output_tokens)
-    plan = compile_plan(source, opts, progress)
+    # Built on the Python API: every compile option is one of dctms.compile_plan's keywords.
+    keywords = dataclasses.asdict(opts)
+    keywords["memory"] = keywords.pop("device_memory")
+    plan = dctms.compile_plan(args.model, progress=progress, **keywords)
     if target is not None:
         target.write(encode_plan(plan))
         progress(f"wrote {args.output}")
