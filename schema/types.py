@@ -352,6 +352,7 @@ class CompileRequest(_Base):
     sync_every: Int = 0
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
+    real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
 
 
 class Plan(_Base):
