@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dctms.benchmark import stats
+from dctms.benchmark.parity import parity_rows, render_parity
 from dctms.benchmark.protocol import atomic_write_text
 from dctms.benchmark.systems import BASELINE, LABELS, RUNNER
 from dctms.figures.units import MIB
@@ -55,7 +56,7 @@ def summarise(
 
     ratio = {"all": ratios(prompt_ids, "all")}
     ratio.update({pid: ratios([pid], pid) for pid in prompt_ids})
-    return {
+    summary = {
         "format": "dctms-bench-summary/1",
         "status": header.get("status"),
         "completed_calls": len(all_calls),
@@ -74,6 +75,8 @@ def summarise(
         "ratios": ratio,
         "greedy_agreement": agreement(calls, prompt_ids),
     }
+    summary["parity"] = parity_rows(summary, calls)
+    return summary
 
 
 def paired(calls: Sequence[dict]) -> list[dict]:
@@ -208,6 +211,7 @@ def render_markdown(summary: dict, figures: Sequence[str] = (), figure_note: str
                 f"| {_mib(d['mlx_peak_bytes'])} |"
             )
     lines += [""]
+    lines += render_parity(summary.get("parity", []), summary["settings"].get("parity", {}))
 
     b = summary["bootstrap"]
     lines += [

@@ -117,6 +117,7 @@ class Runner:
         # assumes, wired on macOS/GPU), re-applied because the baseline's call put MLX's defaults
         # back; the memory limit also covers what the baseline holds in this process.
         foreign = max(0, mx.get_active_memory() - self.session.held_bytes())
+        self.foreign_bytes = foreign  # recorded with the call: its MLX peak minus this is the runner's
         self.session.apply_limits(foreign)
 
     def generate(self, ids: list[int], max_tokens: int, stop: set[int]) -> Output:
@@ -153,6 +154,7 @@ def measure_call(system: System, ids: list[int], max_tokens: int, stop: set[int]
         "rss_start_bytes": rss.series[0][1] if rss.series else None,
         "mlx_peak_bytes": mlx_peak,
         "mlx_active_before_bytes": active_before,
+        "mlx_foreign_bytes": getattr(system, "foreign_bytes", 0),
         "token_latencies_s": [round(x, 7) for x in out.token_latencies_s],
         "tokens": out.tokens,
         "rss_series": [[round(t, 4), b] for t, b in rss.series],

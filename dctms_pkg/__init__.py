@@ -89,6 +89,7 @@ def compile_plan(
     sync_every: int = 0,
     hash_weights: bool = False,
     pack_seconds: float = 2.0,
+    real_lengths: bool = True,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -99,7 +100,8 @@ def compile_plan(
     "16GiB") is recorded as the device budget: ``plan.envelope.free`` is then what is left (negative
     when M_max does not fit). The other options are ``dctms compile``'s (see its ``--help``).
     ``pack_seconds`` is the offset packer's search budget (a fixed amount of work, so the plan
-    does not depend on the machine). ``progress`` receives one line per compiler pass. Weights
+    does not depend on the machine). ``real_lengths=False`` leaves out the length points the runner
+    runs short calls at (fixed, padded phases; the envelope is the same). ``progress`` receives one line per compiler pass. Weights
     are never loaded.
     """
     from dctms.schema.model_folder import open_model
@@ -119,6 +121,7 @@ def compile_plan(
         hash_weights=hash_weights,
         sync_every=sync_every,
         pack_seconds=pack_seconds,
+        real_lengths=real_lengths,
     )
     return _compile(open_model(model), options, progress)
 

@@ -6,25 +6,39 @@ buffer right after its interval and can update the KV cache in place -- and call
 exactly the sync point's ``evaluate`` list, in order. MLX then runs the segment in the order the
 compiler replayed, which is the plan's slot order.
 
-The first run of a phase goes through ``apply_op``, which checks every output's shape and dtype
-against the plan; shapes are static, so later runs call each primitive's handler directly (the
-per-op Python cost is most of a small model's decode step).
+A phase with ``lengths`` runs at any of its verified points (``runner.lengths``): the same
+primitives, with the arguments the plan's affine functions give at that point (a *variant*).
+
+Per-call Python work that does not depend on the token is done once per variant:
+
+* the first run of the bound variant goes through ``apply_op``, which checks every output's shape
+  and dtype against the plan; later runs call each primitive's handler directly;
+* every other run records each segment's graph (once per variant) with MLX's exporter and imports it
+  (``mx.export_function`` / ``mx.import_function``); from then on a call re-creates the segment's
+  primitives in C++ (``compile_replace``: the recorded primitives, inputs in the same order) instead
+  of one Python call per op -- most of a small model's decode step.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from dctms.runner import primitives
+from dctms.runner.lengths import LengthTable
 from dctms.runner.primitives import apply_op, args_from_json, dtype_from_name
 from dctms.schema.types import Phase
+
+RECORD_AFTER = 0  # runs of a variant in Python before its graph is recorded (the checked bound run aside)
 
 
 @dataclass(frozen=True)
 class _Step:
+    index: int  # the plan op's index
     primitive: str
     args: list
     inputs: tuple[str, ...]
@@ -49,27 +63,43 @@ def _direct(primitive: str, args: list, shape: tuple[int, ...], dtype: mx.Dtype)
     return call
 
 
+def _step(index, primitive, args, inputs, outputs, shapes, dtypes) -> _Step:
+    direct = _direct(
+        primitive, args, shapes[0] if shapes else (), dtypes[0] if dtypes else mx.float32
+    )
+    return _Step(index, primitive, args, inputs, outputs, shapes, dtypes, direct)
+
+
 @dataclass(frozen=True)
 class _Segment:
-    steps: tuple[_Step, ...]
     drop: tuple[str, ...]  # tensor ids whose last reader is in this segment
     evaluate: tuple[str, ...]
+    reads: tuple[str, ...]  # ids defined before this segment (leaves, earlier segments) it reads
+    keeps: tuple[str, ...]  # ids it defines that are read after it (its evaluate list first)
+
+
+class _Variant:
+    """The phase at one length point: its steps per segment, and their recorded graphs."""
+
+    def __init__(self, point: tuple[int, ...], steps: list[tuple[_Step, ...]]):
+        self.point, self.steps = point, steps
+        self.runs = 0
+        self.replays: list[Callable | None] = [None] * len(steps)
 
 
 class PhaseProgram:
     """A phase prepared once (decoded arguments, segments, drop lists), run many times."""
 
-    def __init__(self, phase: Phase):
+    def __init__(self, phase: Phase, replay: bool = True):
         self.name = phase.name
         self.inputs = [(b.id, b.kind, b.name) for b in phase.inputs]
         self.outputs = [(b.id, b.kind, b.name) for b in phase.outputs]
         self.constants = {
-            c.id: mx.array(c.value, dtype=dtype_from_name(c.dtype)).reshape(
-                c.shape
-            )
+            c.id: mx.array(c.value, dtype=dtype_from_name(c.dtype)).reshape(c.shape)
             for c in phase.constants
         }
         mx.eval(list(self.constants.values()))
+        self.lengths = LengthTable(phase)
         tensors = {t.id: t for t in phase.tensors}
         slot_of = {i: s for s, members in enumerate(phase.slots) for i in members}
         bounds = [sp.slot for sp in phase.sync_points]
@@ -84,15 +114,15 @@ class PhaseProgram:
         order = sorted(phase.ops, key=lambda op: (slot_of[op.index], op.index))
         for op in order:
             seg = segment_of_slot[slot_of[op.index]]
-            args = args_from_json(op.args, op.primitive)
-            shapes = tuple(tuple(tensors[t].shape) for t in op.outputs)
-            dtypes = tuple(dtype_from_name(tensors[t].dtype) for t in op.outputs)
-            direct = _direct(
-                op.primitive, args, shapes[0] if shapes else (), dtypes[0] if dtypes else mx.float32
-            )
             ops_by_segment[seg].append(
-                _Step(
-                    op.primitive, args, tuple(op.inputs), tuple(op.outputs), shapes, dtypes, direct
+                _step(
+                    op.index,
+                    op.primitive,
+                    args_from_json(op.args, op.primitive),
+                    tuple(op.inputs),
+                    tuple(op.outputs),
+                    tuple(tuple(tensors[t].shape) for t in op.outputs),
+                    tuple(dtype_from_name(tensors[t].dtype) for t in op.outputs),
                 )
             )
             for t in op.inputs:
@@ -105,11 +135,33 @@ class PhaseProgram:
         for t, seg in last_segment.items():
             if t not in keep and t not in kept_outputs:
                 drops[seg].append(t)
-        self.checked = False  # set after the first run, whose outputs apply_op checked
-        self.segments = [
-            _Segment(tuple(ops_by_segment[k]), tuple(sorted(drops[k])), tuple(sp.evaluate))
-            for k, sp in enumerate(phase.sync_points)
-        ]
+        self.checked = False  # set after the first run of the bound, whose outputs were checked
+        self.segments = _segments(ops_by_segment, drops, phase, kept_outputs)
+        bound = self.lengths.bound
+        self._variants = {bound: _Variant(bound, [tuple(s) for s in ops_by_segment])}
+        self.replay = replay
+        self._files = tempfile.TemporaryDirectory(prefix="dctms-replay-") if replay else None
+
+    def variant(self, point: tuple[int, ...]) -> _Variant:
+        """The phase's steps at a verified length point (made once, then kept)."""
+        found = self._variants.get(point)
+        if found is None:
+            self.lengths.check_point(point)
+            base = self._variants[self.lengths.bound]
+            steps = []
+            for seg_steps in base.steps:
+                steps.append(tuple(self._at(step, point) for step in seg_steps))
+            found = self._variants[point] = _Variant(point, steps)
+        return found
+
+    def _at(self, step: _Step, point: tuple[int, ...]) -> _Step:
+        args = self.lengths.args_at(step.index, step.args, point)
+        shapes = self.lengths.shapes_at(step.outputs, step.shapes, point)
+        if args is step.args and shapes is step.shapes:
+            return step
+        return _step(
+            step.index, step.primitive, args, step.inputs, step.outputs, shapes, step.dtypes
+        )
 
     def run(
         self,
@@ -117,13 +169,16 @@ class PhaseProgram:
         weights: dict[str, mx.array],
         state: dict[str, mx.array],
         wait: bool = True,
+        point: tuple[int, ...] | None = None,
     ) -> dict[str, mx.array]:
-        """Run the phase. ``state`` entries are *moved* in (so MLX may update them in place) and the
-        updated arrays are put back; returns the phase outputs of kind ``output`` by name.
+        """Run the phase at length ``point`` (default: the bound). ``state`` entries are *moved* in
+        (so MLX may update them in place) and the updated arrays are put back; returns the phase
+        outputs of kind ``output`` by name.
 
         Feeds and state may still be computing (the previous call's results): the first segment's
         graph is built meanwhile and evaluated only once they are done. With ``wait=False`` the call
         returns while its last segment computes, so the caller can build the next call."""
+        variant = self.variant(self.lengths.bound if point is None else tuple(point))
         env: dict[str, mx.array] = dict(self.constants)
         for tid, kind, name in self.inputs:
             if kind == "weight":
@@ -132,22 +187,29 @@ class PhaseProgram:
                 env[tid] = state.pop(name)
             else:
                 env[tid] = feeds[name]
-        checked = self.checked
+        check = not self.checked and variant.point == self.lengths.bound
+        recorded = self.replay and not check and variant.runs >= RECORD_AFTER
         # Whatever a previous call left computing must finish before this call evaluates anything.
         pending: list[mx.array] | None = [
             env[tid] for tid, kind, _ in self.inputs if kind != "weight"
         ]
-        for seg in self.segments:
+        for k, seg in enumerate(self.segments):
             # Building this segment's graph allocates nothing, so it overlaps the previous
             # segment's computation; its evaluation starts only once that one has drained.
-            for step in seg.steps:
-                inputs = [env[t] for t in step.inputs]
-                if checked:
-                    outs = step.direct(inputs)
-                else:
-                    outs = apply_op(step.primitive, step.args, inputs, step.shapes, step.dtypes)
-                for t, arr in zip(step.outputs, outs, strict=True):
-                    env[t] = arr
+            if recorded:
+                replay = variant.replays[k] or self._record(variant, k, env)
+                # No reference to the inputs survives the call (a KV cache array held here would
+                # not be updated in place but copied).
+                env.update(zip(seg.keeps, replay(*[env[t] for t in seg.reads]), strict=True))
+            else:
+                for step in variant.steps[k]:
+                    inputs = [env[t] for t in step.inputs]
+                    if check:
+                        outs = apply_op(step.primitive, step.args, inputs, step.shapes, step.dtypes)
+                    else:
+                        outs = step.direct(inputs)
+                    for t, arr in zip(step.outputs, outs, strict=True):
+                        env[t] = arr
             for t in seg.drop:
                 env.pop(t, None)
             if pending is not None:
@@ -162,5 +224,54 @@ class PhaseProgram:
                 state[name] = env.pop(tid)
             else:
                 results[name] = env.pop(tid)
-        self.checked = True
+        self.checked = self.checked or check
+        variant.runs += 1
         return results
+
+    def _record(self, variant: _Variant, k: int, env: dict[str, mx.array]) -> Callable:
+        """Record segment ``k`` of ``variant`` once (MLX's exporter traces the steps' handlers on
+        placeholders shaped like the inputs; nothing is computed) and import it."""
+        seg, steps = self.segments[k], variant.steps[k]
+
+        def build(*xs: mx.array) -> list[mx.array]:
+            local = dict(zip(seg.reads, xs, strict=True))
+            for step in steps:
+                outs = step.direct([local[t] for t in step.inputs])
+                local.update(zip(step.outputs, outs, strict=True))
+            return [local[t] for t in seg.keeps]
+
+        name = "_".join(map(str, variant.point)) or "bound"
+        path = os.path.join(self._files.name, f"{self.name}.{name}.{k}.mlxfn")
+        mx.export_function(path, build, *[env[t] for t in seg.reads])
+        variant.replays[k] = mx.import_function(path)
+        return variant.replays[k]
+
+
+def _segments(
+    ops_by_segment: list[list[_Step]], drops: list[list[str]], phase: Phase, kept: set[str]
+) -> list[_Segment]:
+    defined_in: dict[str, int] = {}
+    for k, steps in enumerate(ops_by_segment):
+        for step in steps:
+            for t in step.outputs:
+                defined_in[t] = k
+    read_after: list[set[str]] = [set() for _ in ops_by_segment]
+    for k, steps in enumerate(ops_by_segment):
+        for step in steps:
+            for t in step.inputs:
+                for j in range(defined_in.get(t, k), k):
+                    read_after[j].add(t)
+    segments = []
+    for k, sp in enumerate(phase.sync_points):
+        mine = {t for step in ops_by_segment[k] for t in step.outputs}
+        reads = {t for step in ops_by_segment[k] for t in step.inputs} - mine
+        later = ((read_after[k] | kept) & mine) - set(sp.evaluate)
+        segments.append(
+            _Segment(
+                tuple(sorted(drops[k])),
+                tuple(sp.evaluate),
+                tuple(sorted(reads)),
+                (*sp.evaluate, *sorted(later)),
+            )
+        )
+    return segments

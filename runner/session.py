@@ -194,21 +194,29 @@ class Session:
         return gen
 
     def _decode(self, token: mx.array, position: int) -> mx.array:
+        # The smallest verified attention window that holds positions 0..position.
+        point = self.decode.lengths.pick({"window": position + 1})
         out = self.decode.run(
             {"tokens": token, "position": mx.array(position, dtype=mx.int32)},
             self.weights,
             self.state,
             wait=False,
+            point=point,
         )
         return out["next_token"]
 
     def _prefill(self, prompt: list[int]) -> mx.array:
-        """The prompt in ``prefill_chunk`` pieces, each built while the previous one computes;
-        returns the last chunk's next_token array (evaluated)."""
+        """The prompt in ``prefill_chunk`` pieces, each built while the previous one computes, each
+        at the smallest verified length point that holds it (a piece padded to its token length,
+        masked by position; attention over the window that holds the positions so far); returns
+        the last piece's next_token array (evaluated)."""
+        lengths = self.prefill.lengths
         out: dict[str, mx.array] = {}
         for start in range(0, len(prompt), self.chunk):
             piece = prompt[start : start + self.chunk]
-            padded = piece + [0] * (self.chunk - len(piece))
+            point = lengths.pick({"tokens": len(piece), "window": start + len(piece)})
+            tokens = lengths.value(point, "tokens", self.chunk)
+            padded = piece + [0] * (tokens - len(piece))
             out = self.prefill.run(
                 {
                     "tokens": mx.array([padded], dtype=mx.int32),
@@ -218,6 +226,7 @@ class Session:
                 self.weights,
                 self.state,
                 wait=False,
+                point=point,
             )
         token = out["next_token"]
         mx.eval(token)

@@ -251,6 +251,34 @@ class SyncPoint(_Base):
     evaluate: list[Name] = []
 
 
+LengthName = Literal["tokens", "window"]
+SignedInt = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31)]
+
+
+class LengthAffine(_Base):
+    """Every place in ``at`` holds ``sum(k[d] * length[d]) + c`` (places grouped by function).
+
+    A place is ``"o<op index>/<path>"`` (an op argument: ``o40/0.1`` is ``ops[40].args[0][1]``) or
+    ``"i<binding id>/<axis>"`` (a dimension of an input binding)."""
+
+    k: list[SignedInt]
+    c: SignedInt
+    at: list[Name]
+
+
+class Lengths(_Base):
+    """The lengths a phase can run at under this one plan (see dctms.toolkit.lengths).
+
+    The phase's ops, tensors and arena are those at ``bound``; at another of the ``points`` the
+    runner creates the same primitives with the arguments ``affine`` gives. The compiler verified at
+    every point that each tensor is at most its planned size with the planned lifetime."""
+
+    names: list[LengthName]
+    bound: list[Positive]
+    points: list[list[Positive]]  # verified combinations, in ``names`` order; the bound first
+    affine: list[LengthAffine] = []
+
+
 class Phase(_Base):
     name: Name
     tokens: Int  # tokens processed per call of this phase
@@ -272,6 +300,8 @@ class Phase(_Base):
     # Most bytes the allocator's cache reuse can add at once: max over slots of the sum over live
     # arena tenants of min(bytes, target.allocator_slack). M_intermediate covers arena + slack.
     slack_bytes: ByteCount = 0
+    # None: fixed shapes (the runner pads every call to them); else the real-length points.
+    lengths: Lengths | None = None
 
 
 class Envelope(_Base):
@@ -322,6 +352,7 @@ class CompileRequest(_Base):
     sync_every: Int = 0
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
+    real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
 
 
 class Plan(_Base):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dctms.schema import (
     rules_derived,
     rules_graph,
+    rules_lengths,
     rules_memory,
     rules_request,
     rules_runner,
@@ -80,6 +81,7 @@ RULES: dict[str, Rule] = {
     "runtime_floor": rules_derived.runtime_floor,
     "dynamic_scratch": rules_derived.dynamic_scratch,
     "run_ahead": rules_derived.run_ahead,
+    "lengths": rules_lengths.lengths,
     "compile_request": rules_request.compile_request,
 }
 

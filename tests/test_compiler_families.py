@@ -123,8 +123,9 @@ def test_envelope_is_exact(tmp_path: Path, family: str, dtype: str, quantized: b
         open_model(_write(tmp_path, cfg)), CompileOptions(n, m, batch=batch, prefill_chunk=chunk)
     )
     assert verify_plan(plan) == []
-    capacity = max(n + m, math.ceil(n / chunk) * chunk)
-    assert plan.bounds.kv_capacity == capacity == n + m
+    # N + M (or the padded prompt) plus the spare position that keeps every window a proper slice
+    capacity = max(n + m, math.ceil(n / chunk) * chunk) + 1
+    assert plan.bounds.kv_capacity == capacity == n + m + 1
     itemsize = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
     assert plan.envelope.kv == _kv_bytes(cfg, capacity, itemsize, batch)
     assert plan.envelope.weights == _reference_weight_bytes(cfg, dtype)
@@ -148,17 +149,17 @@ def test_batch_scales_the_cache(tmp_path: Path) -> None:
     src = open_model(_write(tmp_path, cfg))
     one = compile_plan(src, CompileOptions(64, 32, batch=1, prefill_chunk=32))
     two = compile_plan(src, CompileOptions(64, 32, batch=2, prefill_chunk=32))
-    assert two.envelope.kv == 2 * one.envelope.kv == _kv_bytes(cfg, 96, 2, batch=2)
+    assert two.envelope.kv == 2 * one.envelope.kv == _kv_bytes(cfg, 97, 2, batch=2)
     assert two.envelope.weights == one.envelope.weights
 
 
 def test_padded_last_chunk_widens_the_cache(tmp_path: Path) -> None:
-    # N = 100 in chunks of 64 pads to 128 positions, more than N + M = 110.
+    # N = 100 in chunks of 64 pads to 128 positions, more than N + M = 110 (+ 1 spare).
     plan = compile_plan(
         open_model(_write(tmp_path, _config("qwen2", "float32", False))),
         CompileOptions(100, 10, prefill_chunk=64),
     )
-    assert plan.bounds.kv_capacity == 128
+    assert plan.bounds.kv_capacity == 129
     assert verify_plan(plan) == []
 
 

@@ -108,7 +108,8 @@ print("generated")
 
 @pytest.mark.parametrize(
     ("edit", "needle"),
-    [("capacity", "holds 48 along axis 2"), ("vocab", "fewer than the plan's vocab_size 38400")],
+    # capacity: N + M + the spare position that keeps every attention window a proper slice
+    [("capacity", "holds 49 along axis 2"), ("vocab", "fewer than the plan's vocab_size 38400")],
 )
 def test_the_session_checks_the_arrays_it_allocated(tiny, edit, needle):
     plan, folder = tiny

@@ -14,6 +14,8 @@ from dctms.schema.types import (
     Buffer,
     CompileRequest,
     Intermediate,
+    LengthAffine,
+    Lengths,
     Plan,
     SyncPoint,
     as_kind,
@@ -90,6 +92,13 @@ def _two_segments(plan: Plan) -> Plan:
 # ------------------------------------------------------------------------------- one case per break
 
 Break = Callable[[Plan], Plan]
+
+def _with_lengths(plan: Plan, **changes) -> Plan:
+    """The tiny decode phase as a real-length phase over its attention window: a consistent record
+    (op 1's ``[1, 8]`` reshape holds 8 = 0 * window + 8 only in the broken cases' functions)."""
+    record = Lengths(names=["window"], bound=[15], points=[[15], [8]], affine=[])
+    return phase(plan, lengths=replace(record, **changes))
+
 
 CASES: list[tuple[str, str, Break]] = [
     ("unique_ids", "op index differs from position", lambda p: op(p, 5, index=6)),
@@ -443,6 +452,33 @@ CASES: list[tuple[str, str, Break]] = [
     ("stats", "reduction wrong", lambda p: nested(p, "stats", reduction=0.4)),
     ("stats", "arena wrong", lambda p: nested(p, "stats", arena_bytes=64)),
     ("stats", "lower bound wrong", lambda p: nested(p, "stats", lower_bound_bytes=64)),
+    ("lengths", "a point above the bound", lambda p: _with_lengths(p, points=[[15], [20]])),
+    ("lengths", "the bound not among the points", lambda p: _with_lengths(p, points=[[8]])),
+    (
+        "lengths",
+        "a window that is the whole cache (no proper slice)",
+        lambda p: _with_lengths(p, bound=[16], points=[[16]]),
+    ),
+    (
+        "lengths",
+        "a tokens bound other than the phase's",
+        lambda p: _with_lengths(p, names=["tokens"], bound=[2], points=[[2]]),
+    ),
+    (
+        "lengths",
+        "an argument the function does not give at the bound",
+        lambda p: _with_lengths(p, affine=[LengthAffine([1], 0, ["o1/0.1"])]),
+    ),
+    (
+        "lengths",
+        "an input axis that shrinks as the window grows",
+        lambda p: _with_lengths(p, affine=[LengthAffine([-1], 16, ["itok/1"])]),
+    ),
+    (
+        "lengths",
+        "a place that does not exist",
+        lambda p: _with_lengths(p, affine=[LengthAffine([0], 8, ["o99/0.1"])]),
+    ),
     (
         "compile_request",
         "config edited after hashing",
@@ -483,6 +519,11 @@ CASES: list[tuple[str, str, Break]] = [
     ("run_ahead", "run-ahead declared, lifetimes not widened",
      lambda p: nested(p, "target", run_ahead_dispatches=10)),  # fmt: skip
 ]
+
+
+def test_a_consistent_lengths_record_is_valid(tiny_plan: Plan) -> None:
+    good = [LengthAffine([0], 8, ["o1/0.1"]), LengthAffine([0], 1, ["itok/1"])]
+    assert verify_plan(_with_lengths(tiny_plan, affine=good)) == []
 
 
 def _with_prefill(plan: Plan) -> Plan:

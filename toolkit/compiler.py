@@ -7,10 +7,12 @@ Phases are looked up by name ("prefill", "decode"), never by position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import mlx.core as mx
+import msgspec
 
 import dctms
 from dctms.schema.errors import DctmsError, InternalError
@@ -28,6 +30,8 @@ from dctms.schema.types import (
     Envelope,
     Generator,
     KVStorage,
+    LengthAffine,
+    Lengths,
     ModelInfo,
     Op,
     Phase,
@@ -45,21 +49,35 @@ from dctms.schema.types import (
 from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign, limits
 from dctms.toolkit.envelope import build_envelope
+from dctms.toolkit.lengths import (
+    TOKENS,
+    WINDOW,
+    LengthFit,
+    NotAffine,
+    digest,
+    fit,
+    prefill_candidates,
+    sample_lengths,
+    single_candidates,
+    verified_points,
+)
 from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, PhaseLives, analyse
 from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import Schedule, build_schedule
 from dctms.toolkit.trace import (
     DTYPES,
+    PhaseTracer,
     Traced,
     TracedBinding,
     TracedPhase,
     build_model,
     check_cache_support,
     kv_capacity,
-    trace_model,
+    max_window,
 )
 
+CREATION_PRIMITIVES = ("Arange", "Full")  # their output shape is an input of the runner's call
 ARENA_KINDS = ("intermediate", "output", "scratch")
 
 # MLX's allocators reuse a cached buffer for a request of S bytes when it is smaller than
@@ -89,6 +107,9 @@ class CompileOptions:
     # Search budget of the offset packer, shared by the phases whose greedy packing misses the
     # lower bound (a fixed amount of work, so the plan does not depend on the machine's speed).
     pack_seconds: float = 2.0
+    # Trace smaller lengths too and record the verified points the runner may run at (see
+    # toolkit.lengths); off: fixed phases (the envelope is the same either way: `fit` probes so).
+    real_lengths: bool = True
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -132,7 +153,7 @@ def compile_plan(
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
     use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
-    traced, capacity = trace_source(source.config, headers, opts, settings, say)
+    traced, capacity, fits = trace_source(source.config, headers, opts, settings, say)
     weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
     ridge = ridge_point(settings.profile)
     phases = []
@@ -146,6 +167,9 @@ def compile_plan(
                 opts.sync_every,
                 settings.allocator_slack,
                 opts.pack_seconds / len(traced.phases),
+                fits.get(tp.name),
+                _candidates(tp.name, fits.get(tp.name), opts.input_tokens),
+                say,
             )
         )
     state = state_tensors(traced, settings.allocator_slack)
@@ -199,8 +223,9 @@ def trace_source(
     opts: CompileOptions,
     settings: Settings,
     say: Callable[[str], None],
-) -> tuple[Traced, int]:
-    """Pass 1: build the model with lazy weights and trace both phases; (traced, KV capacity)."""
+) -> tuple[Traced, int, dict[str, LengthFit]]:
+    """Pass 1: build the model with lazy weights, trace both phases at their largest lengths and
+    (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one)."""
     say(f"building {config.get('model_type')} {settings.dtype} model (lazy weights)")
     stored = {h.name: h.dtype for h in headers} if headers else None
     # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
@@ -208,11 +233,73 @@ def trace_source(
     num_layers = check_cache_support(model)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
+    window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
-    traced = trace_model(
-        model, num_layers, batch=opts.batch, prefill_chunk=chunk, capacity=capacity
-    )
-    return traced, capacity
+    tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
+    # Prefill never attends beyond the padded prompt; decode up to N + M.
+    prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
+    prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
+    traced = tracer.traced([prefill, decode])
+    fits: dict[str, LengthFit] = {}
+    if not opts.real_lengths:
+        return traced, capacity, fits
+    for name, found in (
+        ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
+        ("decode", _fit_decode(tracer, decode, window)),
+    ):
+        if isinstance(found, str):
+            say(f"{name}: fixed lengths ({found})")
+        else:
+            fits[name] = found
+    return traced, capacity, fits
+
+
+def _fit_prefill(tracer: PhaseTracer, bound: TracedPhase, chunk: int, window: int):
+    """The prefill phase's fit over (tokens, window), or over the one that can vary; or why not.
+    Each extra trace is reduced to its numbers at once (``digest``), so one at a time is alive."""
+    ts, ws = sample_lengths(chunk), sample_lengths(window)
+    names = [n for n, s in ((TOKENS, ts), (WINDOW, ws)) if s]
+    if not names:
+        return "the bounds are too small to vary"
+    t1, t2 = ts or (chunk, chunk)
+    w1, w2 = ws or (window, window)
+    points = [(chunk, window)]
+    if ts:
+        points.append((t1, window))
+    if ws:
+        points.append((chunk, w1))
+    points.append((t2, w2))
+    keep = [i for i, n in enumerate((TOKENS, WINDOW)) if n in names]
+    try:
+        samples = []
+        for p in points:
+            phase = bound if p == points[0] else tracer.prefill(*p)
+            samples.append((tuple(p[i] for i in keep), digest(bound, phase, p)))
+            del phase
+        return fit(names, samples, bound)
+    except NotAffine as err:
+        return str(err)
+
+
+def _fit_decode(tracer: PhaseTracer, bound: TracedPhase, window: int):
+    ws = sample_lengths(window)
+    if not ws:
+        return "the bounds are too small to vary"
+    try:
+        samples = [((window,), digest(bound, bound, (window,)))]
+        samples += [((w,), digest(bound, tracer.decode(w), (w,))) for w in ws]
+        return fit([WINDOW], samples, bound)
+    except NotAffine as err:
+        return str(err)
+
+
+def _candidates(name: str, lf: LengthFit | None, input_tokens: int) -> list[tuple[int, ...]]:
+    """The length combinations the runner may ask for, in the fit's ``names`` order."""
+    if lf is None:
+        return []
+    if len(lf.names) == 2:
+        return prefill_candidates(lf.bound[0], lf.bound[1], input_tokens)
+    return single_candidates(lf.names[0], lf.bound[0])
 
 
 def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
@@ -422,13 +509,52 @@ def plan_phase(
     sync_every: int,
     allocator_slack: int,
     pack_seconds: float = 0.0,
+    lengths: LengthFit | None = None,
+    candidates: list[tuple[int, ...]] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Phase:
-    """Passes 2-4 on one traced phase (schedule, lifetimes, assign), then emit its record."""
+    """Passes 2-4 on one traced phase (schedule, lifetimes, assign), the length points that keep
+    the bound's lifetimes (pass 3b), then emit its record."""
     views = {i for i, op in enumerate(tp.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
     sched = build_schedule(tp, views, ridge, sync_every)
     lives = analyse(tp, sched)
     placement = assign_arena(lives, alignment, pack_seconds)
-    return emit_phase(tp, sched, lives, placement, allocator_slack)
+    phase = emit_phase(tp, sched, lives, placement, allocator_slack)
+    if lengths is None:
+        return phase
+    points, dropped = verified_points(tp, lengths, sched, lives, candidates or [])
+    if dropped and say:
+        say(f"{tp.name}: {len(dropped)} length points left out (first: {dropped[0]})")
+    return msgspec.structs.replace(phase, lengths=emit_lengths(tp, sched, lengths, points))
+
+
+def emit_lengths(
+    tp: TracedPhase, sched: Schedule, lf: LengthFit, points: list[tuple[int, ...]]
+) -> Lengths:
+    """The phase's ``lengths`` record: names, bound, verified points, and the affine places grouped
+    by function (op arguments by *plan* op index, input binding axes)."""
+    position = {i: p for p, i in enumerate(sched.order)}
+    groups: dict[tuple[tuple[int, ...], int], list[str]] = {}
+    for (i, path), f in sorted(lf.args.items(), key=lambda kv: (position[kv[0][0]], kv[0][1])):
+        place = f"o{position[i]}/" + ".".join(map(str, path))
+        groups.setdefault((f.k, f.c), []).append(place)
+    for b in tp.inputs:
+        for axis, f in sorted(lf.shapes.get(b.id, {}).items()):
+            groups.setdefault((f.k, f.c), []).append(f"i{b.id}/{axis}")
+    # Ops that create an array of a given shape (Full, Arange) need their output's shape.
+    for i in sched.order:
+        op = tp.ops[i]
+        if op.primitive in CREATION_PRIMITIVES:
+            for t in op.outputs:
+                for axis, f in sorted(lf.shapes.get(t, {}).items()):
+                    groups.setdefault((f.k, f.c), []).append(f"t{t}/{axis}")
+    affine = [LengthAffine(list(k), c, at) for (k, c), at in sorted(groups.items())]
+    return Lengths(
+        names=list(lf.names),
+        bound=list(lf.bound),
+        points=[list(p) for p in points],
+        affine=affine,
+    )
 
 
 def assign_arena(lives: PhaseLives, alignment: int, pack_seconds: float = 0.0) -> Placement:

@@ -10,6 +10,8 @@ whose write position is an input array, so one graph serves every step:
 * ``decode``: one token at ``position``.
 
 Both return ``next_token`` (greedy, computed exactly as mlx-lm's sampler does) and the updated cache.
+Attention reads a window of the cache (``StaticKVCache``): a phase can be traced at any prompt-chunk
+length and window, which is how ``toolkit.lengths`` finds the sizes that follow the lengths.
 """
 
 from __future__ import annotations
@@ -210,22 +212,25 @@ class StaticKVCache:
     """A KV cache of fixed capacity written at an array position (``mx.slice_update``).
 
     It speaks mlx-lm's cache protocol (``offset``, ``update_and_fetch``, ``make_mask``) so the model's
-    own attention code runs unchanged; attention then spans the whole capacity, masked by position.
+    own attention code runs unchanged. Attention reads the first ``window`` positions only (a Slice
+    view, masked by position): the plan is traced at the largest window and the runner instantiates
+    it at the window a call needs (see ``toolkit.lengths``). The window is always a *proper* slice
+    (``kv_capacity`` keeps one spare position): MLX creates no Slice for a full-range slice, and the
+    graph must be the same at every window.
     """
 
-    def __init__(self, keys: mx.array, values: mx.array, position: mx.array):
-        self.keys, self.values, self.offset = keys, values, position
+    def __init__(self, keys: mx.array, values: mx.array, position: mx.array, window: int):
+        self.keys, self.values, self.offset, self.window = keys, values, position, window
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         start = self.offset.reshape(1)
         self.keys = mx.slice_update(self.keys, k, start, axes=(2,))
         self.values = mx.slice_update(self.values, v, start, axes=(2,))
-        return self.keys, self.values
+        return self.keys[:, :, : self.window, :], self.values[:, :, : self.window, :]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
-        capacity = self.keys.shape[2]
         queries = (self.offset + mx.arange(n))[:, None]
-        keys = mx.arange(capacity)[None]
+        keys = mx.arange(self.window)[None]
         mask = queries >= keys
         if window_size is not None:
             mask = mask & (queries < keys + window_size)
@@ -282,39 +287,45 @@ def probe_kv(model: nn.Module, num_layers: int, batch: int) -> KVLayout:
 
 
 def kv_capacity(input_tokens: int, output_tokens: int, prefill_chunk: int) -> int:
-    """Positions the static cache holds: N + M, or more when the padded last chunk needs it."""
+    """Positions the static cache holds: N + M (or the padded prompt, if longer) plus one spare, so
+    that the largest attention window (``max_window``) is still a proper slice of the cache."""
     padded = math.ceil(input_tokens / prefill_chunk) * prefill_chunk
-    return max(input_tokens + output_tokens, padded)
+    return max(input_tokens + output_tokens, padded) + 1
+
+
+def max_window(capacity: int) -> int:
+    """The largest attention window: every position but the spare one."""
+    return capacity - 1
 
 
 def state_names(num_layers: int) -> list[str]:
     return [f"kv.{i}.{part}" for i in range(num_layers) for part in ("keys", "values")]
 
 
-def trace_model(
-    model: nn.Module,
-    num_layers: int,
-    *,
-    batch: int,
-    prefill_chunk: int,
-    capacity: int,
-) -> Traced:
-    params = dict(tree_flatten(model.parameters()))
-    weights = {k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(params.items())}
-    kv = probe_kv(model, num_layers, batch)
-    kv_shapes = {}
-    for i in range(num_layers):
-        b, h, _, d = kv.keys[i]
-        kv_shapes[f"kv.{i}.keys"] = (b, h, capacity, d)
-        b, h, _, d = kv.values[i]
-        kv_shapes[f"kv.{i}.values"] = (b, h, capacity, d)
-    state = {k: _zero_cost(s, DTYPES.get(kv.dtype, mx.float32)) for k, s in kv_shapes.items()}
+class PhaseTracer:
+    """Traces the two phases of one model at any lengths: ``prefill(tokens, window)`` and
+    ``decode(window)``; each call is one ``mx.export_function`` of the model's real code."""
 
-    def step(tokens: mx.array, position: mx.array, last_index: mx.array | None, kw: dict) -> tuple:
-        model.update(tree_unflatten([(k, kw[k]) for k in params]))
+    def __init__(self, model: nn.Module, num_layers: int, *, batch: int, capacity: int):
+        self.model, self.num_layers, self.batch = model, num_layers, batch
+        self.params = dict(tree_flatten(model.parameters()))
+        self.weights = {k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(self.params.items())}
+        self.kv = probe_kv(model, num_layers, batch)
+        kv_shapes = {}
+        for i in range(num_layers):
+            b, h, _, d = self.kv.keys[i]
+            kv_shapes[f"kv.{i}.keys"] = (b, h, capacity, d)
+            b, h, _, d = self.kv.values[i]
+            kv_shapes[f"kv.{i}.values"] = (b, h, capacity, d)
+        dtype = DTYPES.get(self.kv.dtype, mx.float32)
+        self.state = {k: _zero_cost(s, dtype) for k, s in kv_shapes.items()}
+
+    def _step(self, tokens, position, last_index, window: int, kw: dict) -> tuple:
+        model = self.model
+        model.update(tree_unflatten([(k, kw[k]) for k in self.params]))
         caches = [
-            StaticKVCache(kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"], position)
-            for i in range(num_layers)
+            StaticKVCache(kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"], position, window)
+            for i in range(self.num_layers)
         ]
         if last_index is None:
             logits = model(tokens, cache=caches)[:, -1, :]
@@ -328,45 +339,53 @@ def trace_model(
             outs += [c.keys, c.values]
         return tuple(outs)
 
-    def prefill(tokens, position, last_index, **kw):
-        return step(tokens, position, last_index, kw)
+    def prefill(self, tokens: int, window: int) -> TracedPhase:
+        """``tokens`` prompt tokens at ``position``; ``last_index`` picks the last real one (a
+        chunk may be padded), whose greedy next token is returned."""
 
-    def decode(tokens, position, **kw):
-        # The previous step's next_token (shape [batch], uint32) is fed back as it is, so the
-        # runner can build step t+1 while step t still computes (as mlx-lm's generate_step does).
-        return step(tokens[:, None], position, None, kw)
+        def fn(tokens_, position, last_index, **kw):
+            return self._step(tokens_, position, last_index, window, kw)
 
-    phases = [
-        _export(
-            "prefill",
-            prefill_chunk,
-            prefill,
-            {
-                "tokens": mx.zeros((batch, prefill_chunk), mx.int32),
-                "position": mx.array(0, mx.int32),
-                "last_index": mx.array(0, mx.int32),
-            },
-            weights,
-            state,
-            num_layers,
-        ),
-        _export(
-            "decode",
-            1,
-            decode,
-            {"tokens": mx.zeros((batch,), mx.uint32), "position": mx.array(0, mx.int32)},
-            weights,
-            state,
-            num_layers,
-        ),
-    ]
-    weight_bindings = [
-        TracedBinding("", "weight", k, tuple(v.shape), dtype_name(v.dtype))
-        for k, v in weights.items()
-    ]
-    traced = Traced(phases, weight_bindings, kv, num_layers, 0)
-    traced.vocab_size = _vocab_size(model, traced.phase("decode"))
-    return traced
+        feeds = {
+            "tokens": mx.zeros((self.batch, tokens), mx.int32),
+            "position": mx.array(0, mx.int32),
+            "last_index": mx.array(0, mx.int32),
+        }
+        return _export("prefill", tokens, fn, feeds, self.weights, self.state, self.num_layers)
+
+    def decode(self, window: int) -> TracedPhase:
+        """One token at ``position``: the previous step's next_token (shape [batch], uint32) is fed
+        back as it is, so the runner can build step t+1 while step t still computes (as mlx-lm's
+        generate_step does)."""
+
+        def fn(tokens_, position, **kw):
+            return self._step(tokens_[:, None], position, None, window, kw)
+
+        feeds = {"tokens": mx.zeros((self.batch,), mx.uint32), "position": mx.array(0, mx.int32)}
+        return _export("decode", 1, fn, feeds, self.weights, self.state, self.num_layers)
+
+    def traced(self, phases: list[TracedPhase]) -> Traced:
+        weight_bindings = [
+            TracedBinding("", "weight", k, tuple(v.shape), dtype_name(v.dtype))
+            for k, v in self.weights.items()
+        ]
+        decode = next(p for p in phases if p.name == "decode")
+        vocab = _vocab_size(self.model, decode)
+        return Traced(phases, weight_bindings, self.kv, self.num_layers, vocab)
+
+
+def trace_model(
+    model: nn.Module,
+    num_layers: int,
+    *,
+    batch: int,
+    prefill_chunk: int,
+    capacity: int,
+) -> Traced:
+    """Both phases at their largest lengths: ``prefill_chunk`` tokens, the largest window."""
+    tracer = PhaseTracer(model, num_layers, batch=batch, capacity=capacity)
+    window = max_window(capacity)
+    return tracer.traced([tracer.prefill(prefill_chunk, window), tracer.decode(window)])
 
 
 def _last_real_logits(model: nn.Module, tokens: mx.array, caches: list, last_index: mx.array):

@@ -14,6 +14,8 @@ from dctms.schema.types import Plan
 def show_text(plan: Plan) -> str:
     """The summary ``dctms show PLAN`` prints (ends with a newline)."""
     sections = [_header(plan), _bounds(plan), _envelope(plan), _table1(plan), _arena(plan)]
+    if any(p.lengths for p in plan.phases):
+        sections.append(_lengths(plan))
     return "\n\n".join(sections) + "\n"
 
 
@@ -59,4 +61,20 @@ def _arena(plan: Plan) -> str:
     if slack:
         text = ", ".join(f"{name} {size:,}" for name, size in slack)
         lines.append(f"  allocator cache-reuse slack (in M_intermediate): {text} bytes")
+    return "\n".join(lines)
+
+
+def _lengths(plan: Plan) -> str:
+    """The real-length phases: what varies up to which bound, and how many points were verified."""
+    lines = ["real-length phases (planned at the bound, run at the smallest verified point)"]
+    for p in plan.phases:
+        if p.lengths is None:
+            lines.append(f"  {p.name:<10} fixed: every call padded to the planned shapes")
+            continue
+        varies = ", ".join(f"{n} <= {b}" for n, b in zip(p.lengths.names, p.lengths.bound, strict=True))
+        places = sum(len(f.at) for f in p.lengths.affine)
+        lines.append(
+            f"  {p.name:<10} {varies}; {len(p.lengths.points)} verified points, "
+            f"{places} arguments follow the lengths"
+        )
     return "\n".join(lines)

@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     from dctms.benchmark.systems import Baseline, MlxLimits, Runner
 
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    say("measuring this machine's read bandwidth (for the roofline fraction) ...")
+    parity = parity_settings(plan)
     defaults = MlxLimits.capture()  # before the Session sets the plan's limits
     say(f"loading the runner (plan {args.plan}, weights {model.path}) ...")
     from dctms.runner.session import Session
@@ -152,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = Settings(reps=args.reps, max_tokens=max_tokens, warmup=args.warmup, stop=stop)
     described = describe_settings(args, plan, model, prompts_path, tokenization, stop, max_tokens)
+    described["parity"] = parity
     out_dir = Path(args.out)
     total = len(schedule(len(ids), args.reps))
     bar = ProgressBar(total, enabled=not args.quiet)
@@ -181,6 +184,29 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_INTERRUPTED
     return 0
+
+
+def parity_settings(plan) -> dict:
+    """What the parity table needs (``dctms.benchmark.parity``): the read bandwidth measured now,
+    before either model is loaded (its 256 MiB array is freed and MLX's cache cleared after), the
+    bytes a decode token reads, the provable envelope and the runner's decode windows."""
+    import mlx.core as mx
+
+    from dctms.benchmark.machine import READ_BYTES, REPEATS, measure_read_bandwidth
+
+    bandwidth = measure_read_bandwidth()
+    mx.clear_cache()
+    env, b = plan.envelope, plan.bounds
+    decode = next(p for p in plan.phases if p.name == "decode")
+    windows = [p[0] for p in decode.lengths.points] if decode.lengths else [b.kv_capacity]
+    return {
+        "read_bandwidth_bytes_per_s": bandwidth,
+        "read_bandwidth_source": f"best of {REPEATS} mx.sum over {READ_BYTES // 2**20} MiB",
+        "weights_bytes": env.weights,
+        "kv_bytes_per_position": env.kv // b.kv_capacity,
+        "provable_bytes": env.provable,
+        "decode_windows": sorted(windows),
+    }
 
 
 def describe_settings(

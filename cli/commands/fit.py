@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dctms.cli.compile_options import add_compile_options, compile_options, memory_budget
@@ -109,11 +110,17 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, target)
 
 
-def _write(target, plan) -> None:
+def _write(target, plan, args, source) -> None:
+    """The plan at the fit, as ``dctms compile`` would write it (with its real-length points)."""
     if target is not None:
         from dctms.schema.io import encode_plan
+        from dctms.toolkit.compiler import compile_plan
 
-        target.write(encode_plan(plan))
+        b = plan.bounds
+        opts = compile_options(
+            args, b.input_tokens, b.output_tokens, prefill_chunk=b.prefill_chunk
+        )
+        target.write(encode_plan(compile_plan(source, opts)))
 
 
 def _run(args: argparse.Namespace, target) -> int:
@@ -159,7 +166,10 @@ def _run(args: argparse.Namespace, target) -> int:
                 )
             compiles += 1
             n, m = (value, fixed) if search_n else (fixed, value)
-            plan = compile_plan(source, compile_options(args, n, m, prefill_chunk=chunk))
+            # Probes skip the real-length points (they do not change the envelope); the plan
+            # written with -o is compiled with them (_write).
+            opts = replace(compile_options(args, n, m, prefill_chunk=chunk), real_lengths=False)
+            plan = compile_plan(source, opts)
             total = plan.envelope.total
             if total <= budget and value > max(fitting, default=0):
                 fitting.clear()
@@ -178,7 +188,7 @@ def _run(args: argparse.Namespace, target) -> int:
 
     if args.search == "chunk":
         return _run_chunk_search(
-            args, search, chunks, letter, other, fixed, budget, start, cap_reason, target
+            args, search, chunks, letter, other, fixed, budget, start, cap_reason, target, source
         )
 
     result, plan = search(chunks[0], None, "")
@@ -186,7 +196,7 @@ def _run(args: argparse.Namespace, target) -> int:
     if result.best is None or plan is None:
         return _nothing_fits(args, result, letter, other, fixed, budget)
     summary = fit_summary(result, plan, "input_tokens" if search_n else "output_tokens", elapsed)
-    _write(target, plan)
+    _write(target, plan, args, source)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
@@ -212,7 +222,7 @@ def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int
 
 
 def _run_chunk_search(
-    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, target
+    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, target, source
 ) -> int:
     from dctms.figures.units import human
     from dctms.views.fit import fit_summary, fit_text
@@ -257,7 +267,7 @@ def _run_chunk_search(
         result, plan, "input_tokens" if letter == "N" else "output_tokens", elapsed
     )
     summary["compiles"] = sum(len(r.probes) for _, r, _ in found)
-    _write(target, plan)
+    _write(target, plan, args, source)
     profile = plan.target.profile.name
     if args.json:
         doc = {
