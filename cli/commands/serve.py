@@ -55,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
     from dctms.figures.pool import pool_of, pool_summary
     from dctms.figures.units import human, parse_size
     from dctms.runner.load import load_checked_plan
-    from dctms.runner.tokenize import Tokenizer
     from dctms.serve.allowance import serving_extras
     from dctms.serve.spec import parse_plan_specs
 
@@ -79,11 +78,10 @@ def run(args: argparse.Namespace) -> int:
             budget = parse_size(args.memory)
         except DctmsError as err:
             raise DctmsError(f"--memory: {err}") from None
-    chat = any(Tokenizer(s.model_dir).has_chat_template for s in specs if s.model_dir.is_dir())
     pool = pool_of(
         [(s.name, p) for s, p in zip(specs, plans, strict=True)],
         budget=budget,
-        extras=serving_extras(chat),
+        extras=serving_extras(),
     )
     if not pool.fits:
         raise DctmsError(
