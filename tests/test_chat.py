@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TINY_QWEN2
 
 from dctms.runner.tokenize import Tokenizer, encode_chat
 from dctms.toolkit.tiny_model import write_tiny_model
@@ -17,21 +18,8 @@ TEMPLATE = (
     "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
-CONFIG = {
-    "model_type": "qwen2",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 257,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": True,
-    "torch_dtype": "float32",
-    "eos_token_id": 256,
-}
+# The runner tests' tiny qwen2, with room for a chat prompt.
+CONFIG = {**TINY_QWEN2, "max_position_embeddings": 512}
 
 
 @pytest.fixture(scope="module")
