@@ -31,13 +31,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dctms.schema.errors import DctmsError, PlanError  # plain exception classes, no imports
 
 if TYPE_CHECKING:
     from dctms.schema.types import Envelope, Plan
     from dctms.toolkit.check import CheckResult
+    from dctms.toolkit.compiler import CompileOptions
 
 __version__ = "0.1.0"
 
@@ -105,12 +106,11 @@ def compile_plan(
     are never loaded.
     """
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.compiler import CompileOptions
     from dctms.toolkit.compiler import compile_plan as _compile
 
-    options = CompileOptions(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
+    options = _options(
+        input_tokens,
+        output_tokens,
         batch=batch,
         prefill_chunk=prefill_chunk,
         dtype=dtype,
@@ -124,6 +124,14 @@ def compile_plan(
         real_lengths=real_lengths,
     )
     return _compile(open_model(model), options, progress)
+
+
+def _options(input_tokens: int, output_tokens: int, **fields: Any) -> CompileOptions:
+    """The compiler's options at these bounds: the one place the API builds them, so that
+    ``compile_plan`` and ``fit`` take the same set."""
+    from dctms.toolkit.compiler import CompileOptions
+
+    return CompileOptions(input_tokens=input_tokens, output_tokens=output_tokens, **fields)
 
 
 @dataclass(frozen=True)
@@ -155,14 +163,22 @@ def fit(
     batch: int = 1,
     prefill_chunk: int | None = None,
     dtype: str | None = None,
+    backend: Literal["cpu", "gpu"] | None = None,
     alignment: int = 64,
+    profile: str | None = None,
+    sync_every: int = 0,
+    hash_weights: bool = False,
+    pack_seconds: float = 2.0,
+    real_lengths: bool = True,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
-    ``memory`` -- what ``dctms fit`` searches: compiles at 1, 2, 4, ... then bisects (about
-    2 log2(answer) compiles), capped by the config's max_position_embeddings (N + M)."""
+    ``memory`` -- what ``dctms fit`` searches (``views.fit.largest_fitting``: a linear estimate of
+    the crossing, then interpolation, bisection when that stalls), capped by the config's
+    max_position_embeddings (N + M). Takes every ``compile_plan`` option. The probes compile
+    without the length points (the envelope is the same); ``result.plan`` is compiled with the
+    options as given."""
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.compiler import CompileOptions
     from dctms.toolkit.compiler import compile_plan as _compile
     from dctms.views.fit import DEFAULT_CAP, largest_fitting, max_positions
 
@@ -178,29 +194,33 @@ def fit(
     source = open_model(model)
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
-    plans: dict[int, Plan] = {}
+    fields = dict(
+        batch=batch,
+        prefill_chunk=prefill_chunk,
+        dtype=dtype,
+        device_memory=budget,
+        backend=backend,
+        alignment=alignment,
+        profile=profile,
+        hash_weights=hash_weights,
+        sync_every=sync_every,
+        pack_seconds=pack_seconds,
+    )
+
+    def bounds(value: int) -> tuple[int, int]:
+        return (value, fixed) if search_n else (fixed, value)
 
     def measure(value: int) -> int:
-        n, m = (value, fixed) if search_n else (fixed, value)
-        options = CompileOptions(
-            input_tokens=n,
-            output_tokens=m,
-            batch=batch,
-            prefill_chunk=prefill_chunk,
-            dtype=dtype,
-            device_memory=budget,
-            alignment=alignment,
-        )
-        plan = _compile(source, options)
-        if plan.envelope.total <= budget and value > max(plans, default=0):
-            plans.clear()  # keep only the largest fitting plan
-            plans[value] = plan
+        plan = _compile(source, _options(*bounds(value), **fields, real_lengths=False))
         if progress is not None:
             progress(f"{'N' if search_n else 'M'} = {value:,}: M_max {plan.envelope.total:,}")
         return plan.envelope.total
 
     found = largest_fitting(measure, budget, cap) if cap >= 1 else None
     best = found.best if found is not None else None
+    plan = None
+    if best is not None:
+        plan = _compile(source, _options(*bounds(best), **fields, real_lengths=real_lengths))
     return FitResult(
         searched="input_tokens" if search_n else "output_tokens",
         value=best,
@@ -208,7 +228,7 @@ def fit(
         output_tokens=(fixed if search_n else best) if best is not None else None,
         budget=budget,
         cap=cap,
-        plan=plans.get(best) if best is not None else None,
+        plan=plan,
         compiles=len(found.probes) if found is not None else 0,
         totals={p.value: p.total for p in found.probes} if found is not None else {},
     )

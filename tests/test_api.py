@@ -132,3 +132,12 @@ def test_fit_nothing_fits_and_bad_calls(config: Path) -> None:
         dctms.fit(config, "1GiB", input_tokens=4, output_tokens=4)
     with pytest.raises(dctms.DctmsError, match="at least 1"):
         dctms.fit(config, "1GiB", output_tokens=0)
+
+
+def test_fit_takes_every_compile_option() -> None:
+    # fit once copied compile's options and silently lacked some; the two keyword sets must match.
+    import inspect
+
+    compile_keys = set(inspect.signature(dctms.compile_plan).parameters)
+    fit_keys = set(inspect.signature(dctms.fit).parameters)
+    assert compile_keys - {"input_tokens", "output_tokens"} <= fit_keys
