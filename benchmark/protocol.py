@@ -10,8 +10,6 @@ call in progress is dropped and the summary is written for what completed.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from pathlib import Path
 from dctms.benchmark.progress import ProgressBar
 from dctms.benchmark.prompts import PromptIds
 from dctms.benchmark.systems import System, measure_call
+from dctms.schema.output import write_output
 
 FORMAT = "dctms-bench-calls/1"
 CALLS_NAME = "calls.json"
@@ -38,17 +37,6 @@ class Settings:
 def schedule(n_prompts: int, reps: int, n_systems: int = 2) -> list[tuple[int, int, int]]:
     """``(rep, prompt index, system index)`` in run order: systems alternate call by call."""
     return [(rep, p, s) for rep in range(reps) for p in range(n_prompts) for s in range(n_systems)]
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class CallsFile:
@@ -79,7 +67,7 @@ class CallsFile:
 
     def write(self, status: str) -> None:
         self.header["status"] = status
-        atomic_write_text(self.path, self.text())
+        write_output(self.path, self.text().encode())
 
 
 @dataclass

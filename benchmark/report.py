@@ -11,9 +11,9 @@ from pathlib import Path
 
 from dctms.benchmark import stats
 from dctms.benchmark.parity import parity_rows, render_parity
-from dctms.benchmark.protocol import atomic_write_text
 from dctms.benchmark.systems import BASELINE, LABELS, RUNNER
 from dctms.figures.units import MIB
+from dctms.schema.output import write_output
 
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
@@ -286,5 +286,5 @@ def render_markdown(summary: dict, figures: Sequence[str] = (), figure_note: str
 def write_summary(
     out_dir: Path, summary: dict, figures: Sequence[str] = (), figure_note: str = ""
 ) -> None:
-    atomic_write_text(out_dir / SUMMARY_JSON, json.dumps(summary, indent=1, allow_nan=False) + "\n")
-    atomic_write_text(out_dir / SUMMARY_MD, render_markdown(summary, figures, figure_note))
+    write_output(out_dir / SUMMARY_JSON, (json.dumps(summary, indent=1, allow_nan=False) + "\n").encode())
+    write_output(out_dir / SUMMARY_MD, render_markdown(summary, figures, figure_note).encode())

@@ -9,7 +9,8 @@ is already inside the runner's baseline (``RUNTIME_FLOOR``, measured with a chat
 
 from __future__ import annotations
 
-MIB = 2**20
+from dctms.figures.units import MIB
+
 SERVER_STACK = 16 * MIB
 
 

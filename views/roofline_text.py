@@ -4,9 +4,8 @@ bench summary is given, predicted against measured."""
 from __future__ import annotations
 
 from dctms.figures.roofline import ClassRow, Roofline, seconds_text, tokens_per_s_text
+from dctms.figures.units import MIB
 from dctms.schema.types import Plan
-
-MIB = 2**20
 
 
 def _row(row: ClassRow, ridge: float) -> str:
