@@ -80,14 +80,7 @@ def check_output_path(
         raise DctmsError(f"cannot write {label or 'output'}: empty path")
     target = Path(text)
     parent = target.parent
-    try:
-        info = target.stat()
-    except FileNotFoundError:
-        info = None
-    except NotADirectoryError:
-        raise DctmsError(f"cannot write {label}: {_first_file(target)} is a file, not a folder") from None
-    except OSError as err:
-        raise DctmsError(f"cannot write {label}: {err.strerror or err}") from None
+    info = _stat_or_none(target, label)
     if info is not None:
         if stat.S_ISDIR(info.st_mode):
             raise DctmsError(f"cannot write {label}: it is a directory (give a file path)")
@@ -139,14 +132,7 @@ def check_output_folder(path: str | os.PathLike[str], *, label: str = "") -> Pat
     if text == "":
         raise DctmsError(f"cannot write {label or 'output folder'}: empty path")
     folder = Path(text)
-    try:
-        info = folder.stat()
-    except FileNotFoundError:
-        info = None
-    except NotADirectoryError:
-        raise DctmsError(f"cannot write {label}: {_first_file(folder)} is a file, not a folder") from None
-    except OSError as err:
-        raise DctmsError(f"cannot write {label}: {err.strerror or err}") from None
+    info = _stat_or_none(folder, label)
     if info is not None and not stat.S_ISDIR(info.st_mode):
         raise DctmsError(f"cannot write {label}: it exists and is not a folder")
     probe_in = folder if info is not None else folder.parent
@@ -159,6 +145,18 @@ def check_output_folder(path: str | os.PathLike[str], *, label: str = "") -> Pat
     os.close(fd)
     Path(temp).unlink(missing_ok=True)
     return folder
+
+
+def _stat_or_none(path: Path, label: str) -> os.stat_result | None:
+    """``path``'s stat, None when it does not exist; a path that cannot be written is refused."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise DctmsError(f"cannot write {label}: {_first_file(path)} is a file, not a folder") from None
+    except OSError as err:
+        raise DctmsError(f"cannot write {label}: {err.strerror or err}") from None
 
 
 def _same_file(a: Path, b: Path) -> bool:
