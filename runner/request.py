@@ -25,8 +25,33 @@ class Request:
     stop: frozenset[int]
 
 
-class PromptTooLong(DctmsError):
+class RequestRefused(DctmsError):
+    """A request the plan cannot serve; ``value`` and ``bound`` are the figures that clash, so a
+    front end (the CLI, the HTTP server) can word the refusal its own way."""
+
+    def __init__(self, message: str, value: int = 0, bound: int = 0):
+        super().__init__(message)
+        self.value, self.bound = value, bound
+
+
+class PromptTooLong(RequestRefused):
     """A prompt longer than the plan's N."""
+
+
+class EmptyPrompt(RequestRefused):
+    """A prompt of no tokens."""
+
+
+class TooManyTokens(RequestRefused):
+    """More tokens asked for than the plan's M (or fewer than 1)."""
+
+
+class TokenOutsideVocabulary(RequestRefused):
+    """A prompt id the embedding has no row for; ``value`` is the id, ``index`` its position."""
+
+    def __init__(self, message: str, value: int, bound: int, index: int):
+        super().__init__(message, value, bound)
+        self.index = index
 
 
 def validate_request(
@@ -45,22 +70,26 @@ def validate_requests(
     if b.batch != 1:
         raise DctmsError(f"this runner executes batch-1 plans; the plan has batch {b.batch}")
     if max_tokens < 1:
-        raise DctmsError(f"--max-tokens must be at least 1, got {max_tokens}")
+        raise TooManyTokens(f"--max-tokens must be at least 1, got {max_tokens}", max_tokens, 1)
     if max_tokens > b.output_tokens:
-        raise DctmsError(
+        raise TooManyTokens(
             f"--max-tokens {max_tokens} exceeds the plan's M = {b.output_tokens}; "
-            "recompile with a larger -M"
+            "recompile with a larger -M",
+            max_tokens,
+            b.output_tokens,
         )
     stop = frozenset(stop)
     requests = []
     for prompt in prompts:
         ids = tuple(prompt)
         if not ids:
-            raise DctmsError("empty prompt: at least one token is needed")
+            raise EmptyPrompt("empty prompt: at least one token is needed", 0, 1)
         if len(ids) > b.input_tokens:
             raise PromptTooLong(
                 f"prompt has {len(ids)} tokens, the plan allows N = {b.input_tokens}; "
-                "recompile with a larger -N"
+                "recompile with a larger -N",
+                len(ids),
+                b.input_tokens,
             )
         _check_ids(plan, ids)
         requests.append(Request(plan, ids, max_tokens, stop))
@@ -73,7 +102,10 @@ def _check_ids(plan: Plan, ids: tuple[int, ...]) -> None:
     vocab = plan.model.vocab_size
     for i, t in enumerate(ids):
         if not isinstance(t, int) or not 0 <= t < vocab:
-            raise DctmsError(
+            raise TokenOutsideVocabulary(
                 f"prompt token {i} is {t}, outside the model's vocabulary [0, {vocab}) "
-                "(wrong tokenizer or token ids?)"
+                "(wrong tokenizer or token ids?)",
+                t,
+                vocab,
+                i,
             )

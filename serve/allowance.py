@@ -9,7 +9,7 @@ is already inside the runner's baseline (``RUNTIME_FLOOR``, measured with a chat
 
 from __future__ import annotations
 
-from dctms.figures.units import MIB
+MIB = 2**20
 
 SERVER_STACK = 16 * MIB
 

@@ -17,6 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from dctms.runner.request import Request as RunnerRequest
+from dctms.runner.request import RequestRefused, validate_request
 from dctms.runner.session import Generation
 from dctms.serve.chat import encode_messages
 from dctms.serve.protocol import (
@@ -24,10 +26,10 @@ from dctms.serve.protocol import (
     CompletionRequest,
     chat_body,
     chat_chunk,
-    check_bounds,
     completion_body,
     completion_chunk,
     parse_request,
+    refusal,
     usage,
     usage_chunk,
 )
@@ -142,9 +144,11 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
         else:
             prompt = _prompt_ids(served, req)
         max_tokens = req.max_tokens if req.max_tokens is not None else served.max_tokens
-        check_bounds(req.model, len(prompt), max_tokens, served.max_prompt, served.max_tokens,
-                     served.plan.model.vocab_size, prompt, "messages" if chat else "prompt")
-        call = _Call(state, served, req, prompt, max_tokens, chat)
+        try:  # the runner's own check, before the request queues; the worker takes this request
+            request = validate_request(served.plan, prompt, max_tokens, served.stop_ids)
+        except RequestRefused as err:
+            raise refusal(req.model, err, "messages" if chat else "prompt") from None
+        call = _Call(state, served, req, request, chat)
         call.submit()
     except ApiError as err:
         state.refused += 1
@@ -165,14 +169,14 @@ class _Call:
     """One request's trip through the worker: tokens arrive from its thread on an asyncio queue."""
 
     def __init__(self, state: ServerState, served: ServedModel, req: CompletionRequest,
-                 prompt: list[int], max_tokens: int, chat: bool):
+                 request: RunnerRequest, chat: bool):
         self.state, self.served, self.req = state, served, req
-        self.prompt, self.max_tokens, self.chat = prompt, max_tokens, chat
+        self.prompt, self.chat = request.prompt, chat
         self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
-        self.job = Job(req.model, prompt, max_tokens, self._on_token, self._on_done)
+        self.job = Job(req.model, request, self._on_token, self._on_done)
 
     def submit(self) -> None:
         try:

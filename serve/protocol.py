@@ -10,6 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dctms.runner.request import (
+    EmptyPrompt,
+    PromptTooLong,
+    RequestRefused,
+    TokenOutsideVocabulary,
+    TooManyTokens,
+)
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str = ""):
@@ -147,33 +155,34 @@ def _messages(messages: Any) -> list[dict]:
     return out
 
 
-def check_bounds(model: str, prompt_tokens: int, max_tokens: int, n: int, m: int,
-                 vocab: int, prompt: list[int], prompt_param: str = "prompt") -> None:
-    """The plan's N and M, and the vocabulary (an id outside it would index past the embedding)."""
-    if prompt_tokens < 1:
-        raise ApiError(400, "the prompt encodes to no tokens", prompt_param)
-    if prompt_tokens > n:
-        raise ApiError(
+def refusal(model: str, err: RequestRefused, prompt_param: str = "prompt") -> ApiError:
+    """The runner's refusal of a request (``runner.request.validate_request``, the one place the
+    bounds are checked), worded for an API client: HTTP 400 naming the bound and the model."""
+    if isinstance(err, PromptTooLong):
+        return ApiError(
             400,
-            f"the prompt has {prompt_tokens} tokens, more than the plan bound N = {n} of model {model!r}",
+            f"the prompt has {err.value} tokens, more than the plan bound N = {err.bound} of model {model!r}",
             prompt_param,
             "prompt_too_long",
         )
-    if max_tokens > m:
-        raise ApiError(
+    if isinstance(err, TooManyTokens) and err.value < 1:
+        return ApiError(400, f"max_tokens must be at least 1, got {err.value}", "max_tokens")
+    if isinstance(err, TooManyTokens):
+        return ApiError(
             400,
-            f"max_tokens {max_tokens} exceeds the plan bound M = {m} of model {model!r}",
+            f"max_tokens {err.value} exceeds the plan bound M = {err.bound} of model {model!r}",
             "max_tokens",
             "max_tokens_too_large",
         )
-    for i, t in enumerate(prompt):
-        if t < 0 or (vocab and t >= vocab):
-            raise ApiError(
-                400, f"prompt token {i} is {t}, outside the vocabulary [0, {vocab})", prompt_param
-            )
-
-
-# ------------------------------------------------------------------------------- responses
+    if isinstance(err, EmptyPrompt):
+        return ApiError(400, "the prompt encodes to no tokens", prompt_param)
+    if isinstance(err, TokenOutsideVocabulary):
+        return ApiError(
+            400,
+            f"prompt token {err.index} is {err.value}, outside the vocabulary [0, {err.bound})",
+            prompt_param,
+        )
+    return ApiError(400, str(err), prompt_param)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from dctms.runner.request import validate_request
+from dctms.runner.request import Request
 from dctms.runner.session import Generation, Session
 from dctms.runner.tokenize import Tokenizer
 from dctms.schema.errors import DctmsError
@@ -54,8 +54,7 @@ class ServedModel:
 @dataclass
 class Job:
     model: str
-    prompt: list[int]
-    max_tokens: int
+    request: Request  # validated by the HTTP layer against this model's plan (validate_request)
     # Both are called on the worker thread: every token as it is read, then the outcome once.
     on_token: Callable[[int], None]
     on_done: Callable[[Generation | None, BaseException | None], None]
@@ -183,12 +182,7 @@ class Worker:
             job.on_token(token)
             return not job.cancelled.is_set()
 
-        # The HTTP layer answered a bad request with 400 already (protocol.py); this is the
-        # runner's own check, which Session.generate requires.
-        request = validate_request(
-            session.plan, job.prompt, job.max_tokens, self.models[job.model].stop_ids
-        )
-        gen = session.generate(request, on_token)
+        gen = session.generate(job.request, on_token)
         if job.cancelled.is_set():
             raise Cancelled("withdrawn while it ran")
         return gen

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
+from conftest import make_tiny_plan
 
+from dctms.runner.request import RequestRefused, validate_request
 from dctms.schema.errors import DctmsError
-from dctms.serve.protocol import ApiError, check_bounds, parse_request
+from dctms.serve.protocol import ApiError, parse_request, refusal
 from dctms.serve.spec import parse_plan_specs
 from dctms.serve.text import TextStream
 
@@ -69,8 +72,22 @@ def test_bad_messages_are_refused(messages):
     assert err.value.param == "messages"
 
 
+def _check(plan, ids: list[int], max_tokens: int) -> None:
+    """What the server does with a prompt: the runner's check, its refusal worded for HTTP."""
+    try:
+        validate_request(plan, ids, max_tokens)
+    except RequestRefused as err:
+        raise refusal("m", err) from None
+
+
 def test_bounds_name_n_m_and_the_vocabulary():
-    check_bounds("m", 4, 2, 4, 2, 10, [1, 2, 3, 4])  # exactly at the bounds
+    tiny = make_tiny_plan()
+    plan = msgspec.structs.replace(
+        tiny,
+        bounds=msgspec.structs.replace(tiny.bounds, input_tokens=4, output_tokens=2),
+        model=msgspec.structs.replace(tiny.model, vocab_size=10),
+    )
+    _check(plan, [1, 2, 3, 4], 2)  # exactly at the bounds
     cases = [
         ((5, 2, [1] * 5), "N = 4"),
         ((4, 3, [1] * 4), "M = 2"),
@@ -79,8 +96,9 @@ def test_bounds_name_n_m_and_the_vocabulary():
         ((0, 1, []), "no tokens"),
     ]
     for (tokens, max_tokens, ids), words in cases:
+        assert len(ids) == tokens
         with pytest.raises(ApiError) as err:
-            check_bounds("m", tokens, max_tokens, 4, 2, 10, ids)
+            _check(plan, ids, max_tokens)
         assert words in err.value.message and err.value.status == 400
 
 
