@@ -56,13 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"dctms.cli.commands.{name.replace('-', '_')}")
-        except ModuleNotFoundError as err:
-            if err.name == f"dctms.cli.commands.{name.replace('-', '_')}":
-                continue  # command not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"dctms.cli.commands.{name.replace('-', '_')}").register(sub)
     return parser
 
 
