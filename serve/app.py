@@ -145,10 +145,10 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
             prompt = _prompt_ids(served, req)
         max_tokens = req.max_tokens if req.max_tokens is not None else served.max_tokens
         try:  # the runner's own check, before the request queues; the worker takes this request
-            request = validate_request(served.plan, prompt, max_tokens, served.stop_ids)
+            validated = validate_request(served.plan, prompt, max_tokens, served.stop_ids)
         except RequestRefused as err:
             raise refusal(req.model, err, "messages" if chat else "prompt") from None
-        call = _Call(state, served, req, request, chat)
+        call = _Call(state, served, req, validated, chat)
         call.submit()
     except ApiError as err:
         state.refused += 1
