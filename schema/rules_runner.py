@@ -21,13 +21,14 @@ Finding = tuple[str, str]
 RUNNER_INPUTS = {
     "prefill": ("tokens", "position", "last_index"),
     "decode": ("tokens", "position"),
+    "prefill_start": ("tokens", "position", "last_index"),  # a quantised KV cache's first call
 }
 RESULT = "next_token"
 
 
 def runnable(plan) -> bool:
     """Whether the plan has the phases the runner executes (the others can only be inspected)."""
-    return set(RUNNER_INPUTS) <= {p.name for p in plan.phases}
+    return {"prefill", "decode"} <= {p.name for p in plan.phases}
 
 
 def runner_names(ix: PlanIndex) -> Iterator[Finding]:
@@ -67,7 +68,10 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
             if b.kind == "state" and b.name not in {i.name for i in phase.inputs}:
                 yield f"{px.path}.outputs[{k}].name", f"state {b.name!r} is written but never read"
     for px in ix.phases:
-        if px.phase.name == "prefill" and px.phase.tokens != plan.bounds.prefill_chunk:
+        if (
+            px.phase.name in ("prefill", "prefill_start")
+            and px.phase.tokens != plan.bounds.prefill_chunk
+        ):
             yield (
                 f"{px.path}.tokens",
                 f"{px.phase.tokens}, but the runner feeds prefill_chunk = "

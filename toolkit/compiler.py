@@ -29,7 +29,6 @@ from dctms.schema.types import (
     Constant,
     Envelope,
     Generator,
-    KVStorage,
     LengthAffine,
     Lengths,
     ModelInfo,
@@ -47,7 +46,7 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign, limits
+from dctms.toolkit import assign, caches, limits
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lengths import (
     TOKENS,
@@ -110,6 +109,11 @@ class CompileOptions:
     # Trace smaller lengths too and record the verified points the runner may run at (see
     # toolkit.lengths); off: fixed phases (the envelope is the same either way: `fit` probes so).
     real_lengths: bool = True
+    # A quantised KV cache with mlx-lm's settings (generate_step's kv_bits, kv_group_size,
+    # quantized_kv_start); None: the cache in the activation dtype (see toolkit.caches).
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    quantized_kv_start: int = 0
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -235,15 +239,19 @@ def trace_source(
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
-    tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
+    quant = caches.kv_quantization(opts)
+    tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant)
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
-    traced = tracer.traced([prefill, decode])
+    start = [tracer.prefill(chunk, chunk, caches.PREFILL_START)] if quant else []
+    traced = tracer.traced([*start, prefill, decode])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return traced, capacity, fits
+    found_start = [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))] if quant else []
     for name, found in (
+        *found_start,
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
         ("decode", _fit_decode(tracer, decode, window)),
     ):
@@ -348,7 +356,7 @@ def emit_plan(
             batch=opts.batch,
             prefill_chunk=settings.prefill_chunk,
             dtype=settings.dtype,
-            kv=KVStorage(dtype=traced.kv.dtype),
+            kv=caches.kv_storage(traced.kv.dtype, opts),
             kv_capacity=capacity,
         ),
         model=ModelInfo(
