@@ -21,14 +21,15 @@ Finding = tuple[str, str]
 RUNNER_INPUTS = {
     "prefill": ("tokens", "position", "last_index"),
     "decode": ("tokens", "position"),
-    "prefill_start": ("tokens", "position", "last_index"),  # a quantised KV cache's first call
 }
+# Phases the runner executes when the plan has them: a quantised KV cache's first call.
+OPTIONAL_INPUTS = {"prefill_start": ("tokens", "position", "last_index")}
 RESULT = "next_token"
 
 
 def runnable(plan) -> bool:
     """Whether the plan has the phases the runner executes (the others can only be inspected)."""
-    return {"prefill", "decode"} <= {p.name for p in plan.phases}
+    return set(RUNNER_INPUTS) <= {p.name for p in plan.phases}
 
 
 def runner_names(ix: PlanIndex) -> Iterator[Finding]:
@@ -41,7 +42,7 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
     kv = {s.name for s in plan.state if s.kind == "kv"}
     for px in ix.phases:
         phase = px.phase
-        fed = RUNNER_INPUTS.get(phase.name)
+        fed = RUNNER_INPUTS.get(phase.name) or OPTIONAL_INPUTS.get(phase.name)
         if fed is None:
             continue  # not executed by the runner
         given = [b.name for b in phase.inputs if b.kind == "input"]
@@ -79,6 +80,17 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
             )
         if px.phase.name == "decode" and px.phase.tokens != 1:
             yield f"{px.path}.tokens", f"{px.phase.tokens}, but decode processes one token per call"
+
+
+def quantized_start(ix: PlanIndex) -> Iterator[Finding]:
+    """A quantised KV cache (``bounds.kv.bits``) has the ``prefill_start`` phase its first call runs
+    (float attention, as mlx-lm's call before it quantises its cache), and only such a plan has."""
+    plan = ix.plan
+    has = any(p.name == "prefill_start" for p in plan.phases)
+    if plan.bounds.kv.bits is not None and not has and runnable(plan):
+        yield "$.phases", "a quantised KV cache needs the prefill_start phase (its first call)"
+    if plan.bounds.kv.bits is None and has:
+        yield "$.phases", "prefill_start is the first call of a quantised KV cache, but bounds.kv has no bits"
 
 
 def vocabulary(ix: PlanIndex) -> Iterator[Finding]:
