@@ -36,6 +36,41 @@ PREFILL_START = "prefill_start"
 QUANT_PARTS = ("", ".scales", ".biases")  # packed words, scales, biases (mx.quantize's order)
 
 
+# Every cache class mlx-lm 0.32's models make, and what a plan does with it: "planned", or the one
+# line that says why it is refused. README's "Caches" table is tested against this.
+CACHE_SUPPORT: dict[str, str] = {
+    "KVCache": "planned: a static cache of N + M (+ padded prompt) positions",
+    "QuantizedKVCache": "planned with --kv-bits 4|8 --kv-group-size 32|64|128 "
+    "(--quantized-kv-start 0 only)",
+    "RotatingKVCache": "refused: sliding-window layers are not planned yet",
+    "ChunkedKVCache": "refused: chunked attention (llama4) is not planned yet",
+    "ArraysCache": "refused: recurrent state (mamba, mamba2, hybrids) is not planned yet",
+    "ConcatenateKVCache": "refused: a growing concatenated cache is not planned yet",
+    "CacheList": "refused: a per-layer list of caches (hybrid attention) is not planned yet",
+}
+
+
+def check_cache_support(model) -> int:
+    """Number of layers with a standard KV cache; refuse models whose ``make_cache`` needs others,
+    naming each cache class and why (``CACHE_SUPPORT``)."""
+    from mlx_lm.models.cache import KVCache
+
+    if hasattr(model, "make_cache"):
+        caches = model.make_cache()
+        kinds = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
+        if kinds:
+            arch = getattr(model, "model_type", None) or "model"
+            why = "; ".join(
+                f"{k}: {CACHE_SUPPORT.get(k, 'refused: an unknown cache class').split(': ', 1)[1]}"
+                for k in kinds
+            )
+            raise DctmsError(f"not supported yet: {arch} needs {why}")
+        return len(caches)
+    if not hasattr(model, "layers"):
+        raise DctmsError("not supported yet: model exposes no .layers to size its KV cache")
+    return len(model.layers)
+
+
 @dataclass(frozen=True)
 class KVQuantization:
     """mlx-lm's ``kv_bits``, ``kv_group_size`` and ``quantized_kv_start``."""

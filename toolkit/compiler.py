@@ -71,7 +71,6 @@ from dctms.toolkit.trace import (
     TracedBinding,
     TracedPhase,
     build_model,
-    check_cache_support,
     kv_capacity,
     max_window,
 )
@@ -234,7 +233,7 @@ def trace_source(
     stored = {h.name: h.dtype for h in headers} if headers else None
     # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
-    num_layers = check_cache_support(model)
+    num_layers = caches.check_cache_support(model)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
     window = max_window(capacity)
@@ -249,7 +248,9 @@ def trace_source(
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return traced, capacity, fits
-    found_start = [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))] if quant else []
+    found_start = (
+        [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))] if quant else []
+    )
     for name, found in (
         *found_start,
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),

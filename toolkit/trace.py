@@ -187,24 +187,6 @@ def quantize_like_mlx_lm(model: nn.Module, quant: dict, weight_names: set[str] |
     )
 
 
-def check_cache_support(model: nn.Module) -> int:
-    """Number of layers with a standard KV cache; refuse models needing other caches."""
-    from mlx_lm.models.cache import KVCache
-
-    if hasattr(model, "make_cache"):
-        caches = model.make_cache()
-        kinds = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
-        if kinds:
-            raise DctmsError(
-                f"not supported yet: {model.model_type if hasattr(model, 'model_type') else 'model'}"
-                f" needs {', '.join(kinds)} (only a standard KV cache is planned)"
-            )
-        return len(caches)
-    if not hasattr(model, "layers"):
-        raise DctmsError("not supported yet: model exposes no .layers to size its KV cache")
-    return len(model.layers)
-
-
 # ------------------------------------------------------------------------------------ static cache
 
 
@@ -309,7 +291,9 @@ class PhaseTracer:
 
         self.model, self.num_layers, self.batch = model, num_layers, batch
         self.params = dict(tree_flatten(model.parameters()))
-        self.weights = {k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(self.params.items())}
+        self.weights = {
+            k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(self.params.items())
+        }
         self.kv = probe_kv(model, num_layers, batch)
         # ``kv_quant``: a caches.KVQuantization (mlx-lm's kv_bits etc.), None for a plain cache.
         self.layout = StateLayout(self.kv, capacity, kv_quant)
