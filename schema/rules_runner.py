@@ -22,6 +22,8 @@ RUNNER_INPUTS = {
     "prefill": ("tokens", "position", "last_index"),
     "decode": ("tokens", "position"),
 }
+# Phases the runner executes when the plan has them (speculative decoding's verify call).
+OPTIONAL_INPUTS = {"verify": ("tokens", "position")}
 RESULT = "next_token"
 
 
@@ -40,7 +42,7 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
     kv = {s.name for s in plan.state if s.kind == "kv"}
     for px in ix.phases:
         phase = px.phase
-        fed = RUNNER_INPUTS.get(phase.name)
+        fed = RUNNER_INPUTS.get(phase.name) or OPTIONAL_INPUTS.get(phase.name)
         if fed is None:
             continue  # not executed by the runner
         given = [b.name for b in phase.inputs if b.kind == "input"]
