@@ -122,7 +122,7 @@ def _draft_problems(plan: Plan) -> list[Problem]:
     ) else "$.envelope.parts"
     moved = []
     for p in verify_plan(view):
-        path = p.path
+        path = "$.draft" if p.path == "$" else p.path
         for old, new in (*_DRAFT_PATHS.items(), ("$.envelope", where)):
             if path == old or path.startswith((old + ".", old + "[")):
                 path = new + path[len(old) :]
