@@ -97,6 +97,14 @@ class SpeculativeSession:
         self.draft = _Draft(view, draft_model, self.num_draft)
         self.verify = PhaseProgram(next(p for p in plan.phases if p.name == VERIFY))
 
+    def held_bytes(self) -> int:
+        """What this session keeps allocated between calls: both models' weights, KV caches and
+        constants."""
+        arrays = [*self.draft.weights.values(), *self.draft.state.values()]
+        for program in (self.draft.prefill, self.draft.decode, self.verify):
+            arrays += program.constants.values()
+        return self.target.held_bytes() + sum(a.nbytes for a in arrays)
+
     def generate(self, request: Request) -> SpeculativeGeneration:
         """Greedy tokens for ``request`` (validated for this plan), proposed by the draft and
         verified by the target; stops at ``max_tokens`` or a stop token."""
