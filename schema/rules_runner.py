@@ -22,8 +22,12 @@ RUNNER_INPUTS = {
     "prefill": ("tokens", "position", "last_index"),
     "decode": ("tokens", "position"),
 }
-# Phases the runner executes when the plan has them: a quantised KV cache's first call.
-OPTIONAL_INPUTS = {"prefill_start": ("tokens", "position", "last_index")}
+# Phases the runner executes when the plan has them: speculative decoding's verify call, a
+# quantised KV cache's first call.
+OPTIONAL_INPUTS = {
+    "verify": ("tokens", "position"),
+    "prefill_start": ("tokens", "position", "last_index"),
+}
 RESULT = "next_token"
 
 

@@ -305,6 +305,20 @@ class Phase(_Base):
     lengths: Lengths | None = None
 
 
+class EnvelopePart(_Base):
+    """One model's share of a plan that holds two (speculative decoding: the target and its draft).
+
+    Both models stay resident for the whole run, so the plan's weights, kv and persistent are the
+    sums of the parts; their calls never overlap (the runner drains one model's call before it
+    starts the other's), so the plan's intermediate is the largest of the parts' arenas."""
+
+    model: Literal["target", "draft"]
+    weights: ByteCount
+    kv: ByteCount
+    persistent: ByteCount
+    intermediate: ByteCount  # the model's largest phase arena plus allocator slack
+
+
 class Envelope(_Base):
     """M_max = weights + kv + persistent + intermediate + runtime (all bytes)."""
 
@@ -317,6 +331,8 @@ class Envelope(_Base):
     runtime_source: str = ""
     device: ByteCount | None = None
     free: SignedBytes | None = None
+    # Per model, in a plan with a draft: [target, draft] (see EnvelopePart); empty otherwise.
+    parts: list[EnvelopePart] = []
 
     @property
     def provable(self) -> int:
@@ -358,6 +374,23 @@ class CompileRequest(_Base):
     kv_bits: Positive | None = None
     kv_group_size: Positive = 64
     quantized_kv_start: Int = 0
+    draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
+    num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
+
+
+class Draft(_Base):
+    """The draft model of speculative decoding, planned beside the target (``Plan.draft``).
+
+    Its phases ("prefill", "decode") and state (its own static KV cache, at the plan's
+    ``bounds.kv_capacity``, and its persistent blocks) are those of a plan of their own; the target
+    gets a "verify" phase that processes ``num_draft + 1`` tokens per call. A rejected suffix is
+    rewound by moving the write position: nothing is allocated per round."""
+
+    num_draft: Positive
+    model: ModelInfo
+    state: list[StateTensor]
+    phases: list[Phase]
+    stats: Stats
 
 
 class Plan(_Base):
@@ -371,6 +404,7 @@ class Plan(_Base):
     envelope: Envelope
     stats: Stats
     compile: CompileRequest | None = None  # None in plans not written by the compiler (tests)
+    draft: Draft | None = None  # speculative decoding: the draft model's part (compile --draft)
     # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
     # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.
     digest: Sha256 | Literal[""] = ""
