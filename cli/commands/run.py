@@ -26,6 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json)")
     src.add_argument("--tokens", metavar="IDS", help="prompt as comma-separated token ids")
+    p.add_argument(
+        "--image",
+        action="append",
+        metavar="FILE",
+        help="PNG/JPEG image for a vision-language plan (repeatable; with --prompt)",
+    )
     p.add_argument("--max-tokens", type=int, help="tokens to generate (default: the plan's M)")
     p.add_argument("--report", metavar="FILE", help="write the JSON run report here")
     p.add_argument(
@@ -73,6 +79,10 @@ def _run(args: argparse.Namespace, target) -> int:
 
     plan = load_checked_plan(args.plan)
     model = open_model_folder(args.model)
+    if plan.vision is not None or args.image:
+        from dctms.cli.run_vision import run_vision
+
+        return run_vision(args, plan, model, target)
     if args.prompt is not None:
         try:
             args.prompt.encode("utf-8")
