@@ -305,6 +305,20 @@ class Phase(_Base):
     lengths: Lengths | None = None
 
 
+class EnvelopePart(_Base):
+    """One model's share of a plan that holds two (speculative decoding: the target and its draft).
+
+    Both models stay resident for the whole run, so the plan's weights, kv and persistent are the
+    sums of the parts; their calls never overlap (the runner drains one model's call before it
+    starts the other's), so the plan's intermediate is the largest of the parts' arenas."""
+
+    model: Literal["target", "draft"]
+    weights: ByteCount
+    kv: ByteCount
+    persistent: ByteCount
+    intermediate: ByteCount  # the model's largest phase arena plus allocator slack
+
+
 class Envelope(_Base):
     """M_max = weights + kv + persistent + intermediate + runtime (all bytes)."""
 
@@ -317,6 +331,8 @@ class Envelope(_Base):
     runtime_source: str = ""
     device: ByteCount | None = None
     free: SignedBytes | None = None
+    # Per model, in a plan with a draft: [target, draft] (see EnvelopePart); empty otherwise.
+    parts: list[EnvelopePart] = []
 
     @property
     def provable(self) -> int:
@@ -363,6 +379,8 @@ class CompileRequest(_Base):
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
     vision: VisionRequest | None = None  # a vision-language plan's image bounds
+    draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
+    num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
 
 
 class Stream(_Base):
@@ -397,6 +415,21 @@ class Vision(_Base):
     streams: list[Stream]
 
 
+class Draft(_Base):
+    """The draft model of speculative decoding, planned beside the target (``Plan.draft``).
+
+    Its phases ("prefill", "decode") and state (its own static KV cache, at the plan's
+    ``bounds.kv_capacity``, and its persistent blocks) are those of a plan of their own; the target
+    gets a "verify" phase that processes ``num_draft + 1`` tokens per call. A rejected suffix is
+    rewound by moving the write position: nothing is allocated per round."""
+
+    num_draft: Positive
+    model: ModelInfo
+    state: list[StateTensor]
+    phases: list[Phase]
+    stats: Stats
+
+
 class Plan(_Base):
     schema_version: int
     generator: Generator
@@ -409,6 +442,7 @@ class Plan(_Base):
     stats: Stats
     compile: CompileRequest | None = None  # None in plans not written by the compiler (tests)
     vision: Vision | None = None  # vision-language plans only
+    draft: Draft | None = None  # speculative decoding: the draft model's part (compile --draft)
     # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
     # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.
     digest: Sha256 | Literal[""] = ""
