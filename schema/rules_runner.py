@@ -29,6 +29,8 @@ OPTIONAL_INPUTS = {
     "prefill_start": ("tokens", "position", "last_index"),
 }
 RESULT = "next_token"
+# What a vision-language plan's prefill is fed besides (see ``rules_vision``).
+VISION_PREFILL_INPUTS = ("image_features", "image_rows")
 
 
 def runnable(plan) -> bool:
@@ -48,7 +50,9 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
         phase = px.phase
         fed = RUNNER_INPUTS.get(phase.name) or OPTIONAL_INPUTS.get(phase.name)
         if fed is None:
-            continue  # not executed by the runner
+            continue  # not executed by the runner (a vision phase: see rules_vision)
+        if phase.name == "prefill" and plan.vision is not None:
+            fed = fed + VISION_PREFILL_INPUTS
         given = [b.name for b in phase.inputs if b.kind == "input"]
         for k, b in enumerate(phase.inputs):
             where = f"{px.path}.inputs[{k}]"

@@ -29,6 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-M", "--output-tokens", type=int, required=True, help="most generated tokens")
     p.add_argument("-o", "--output", metavar="PLAN", help="plan file to write (default: stdout)")
     add_compile_options(p, memory_required=False)
+    vision = p.add_argument_group("vision-language models (mlx-vlm folders)")
+    vision.add_argument(
+        "--images", type=int, metavar="K", help="most images per call (plans the vision tower)"
+    )
+    vision.add_argument(
+        "--image-size",
+        metavar="HxW",
+        help="largest image after the model's own preprocessing (e.g. 224x224)",
+    )
     p.add_argument(
         "--draft",
         metavar="DRAFT",
@@ -84,7 +93,9 @@ def _run(args: argparse.Namespace, target) -> int:
     keywords["memory"] = keywords.pop("device_memory")
     if args.num_draft is not None and not args.draft:
         raise DctmsError("--num-draft needs --draft DRAFT (the draft model)")
-    if args.draft:
+    if args.images is not None or args.image_size is not None:
+        plan = _compile_vision(args, opts, progress)
+    elif args.draft:
         from dctms.schema.model_folder import open_model
         from dctms.toolkit.speculative import compile_speculative
 
@@ -112,3 +123,15 @@ def _run(args: argparse.Namespace, target) -> int:
         )
         return 1
     return 0
+
+
+def _compile_vision(args: argparse.Namespace, opts, progress):
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan, parse_image_size
+
+    if args.images is None or args.image_size is None:
+        raise DctmsError("vision-language plans need both --images K and --image-size HxW")
+    height, width = parse_image_size(args.image_size)
+    return compile_vlm_plan(
+        open_model(args.model), opts, VisionOptions(args.images, height, width), progress
+    )
