@@ -427,8 +427,12 @@ def _export(
     graph_inputs: dict[str, mx.array],
     weights: dict[str, mx.array],
     state: dict[str, mx.array],
-    state_order: list[str],
+    state_order: list[str] | int,
 ) -> TracedPhase:
+    """One ``mx.export_function`` of ``fn``; ``state_order``: the names of the state outputs after
+    ``next_token`` (a number of layers: ``kv.<i>.keys``, ``kv.<i>.values`` each)."""
+    if isinstance(state_order, int):
+        state_order = [f"kv.{i}.{p}" for i in range(state_order) for p in ("keys", "values")]
     events: list[dict] = []
     try:
         mx.export_function(events.append, fn, *graph_inputs.values(), **weights, **state)
