@@ -40,7 +40,7 @@ QUANT_PARTS = ("", ".scales", ".biases")  # packed words, scales, biases (mx.qua
 # line that says why it is refused. README's "Caches" table is tested against this.
 CACHE_SUPPORT: dict[str, str] = {
     "KVCache": "planned: a static cache of N + M (+ padded prompt) positions",
-    "QuantizedKVCache": "planned with --kv-bits 4|8 --kv-group-size 32|64|128 "
+    "QuantizedKVCache": "planned with --kv-bits 4 or 8, --kv-group-size 32, 64 or 128 "
     "(--quantized-kv-start 0 only)",
     "RotatingKVCache": "planned with keep 0 (sliding-window layers: gemma3_text, olmo3, ...): "
     "a ring of the window + one chunk",
