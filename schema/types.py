@@ -150,6 +150,9 @@ class StateTensor(_Base):
     dtype: Name
     bytes: ByteCount
     window: SlidingWindow | None = None  # a ring of ``window.slots`` positions, not kv_capacity
+    # A recurrent layer's state (mlx-lm's ArraysCache): replaced by every call, so the runner
+    # feeds prompts in whole chunks and single tokens (never padded)
+    recurrent: bool = False
 
 
 class Binding(_Base):
