@@ -73,11 +73,7 @@ def check_cache_support(model) -> list[int | Recurrent | None]:
     caches = model.make_cache()
     arch = getattr(model, "model_type", None) or "model"
     kinds = sorted(
-        {
-            type(c).__name__
-            for c in caches
-            if type(c) not in (KVCache, RotatingKVCache, ArraysCache)
-        }
+        {type(c).__name__ for c in caches if type(c) not in (KVCache, RotatingKVCache, ArraysCache)}
     )
     if kinds:
         why = "; ".join(
@@ -410,9 +406,7 @@ def _recurrent_arrays(layer: int, probe) -> list[StateArray]:
             raise DctmsError(
                 f"not supported yet: layer {layer}'s ArraysCache entry {j} is never set"
             )
-        arrays.append(
-            StateArray(f"kv.{layer}.state{j}", tuple(a.shape), a.dtype, recurrent=True)
-        )
+        arrays.append(StateArray(f"kv.{layer}.state{j}", tuple(a.shape), a.dtype, recurrent=True))
     return arrays
 
 
