@@ -268,3 +268,56 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "mlx_vlm"))
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def _break_vision(plan, **changes):
+    from msgspec.structs import replace
+
+    return replace(plan, vision=replace(plan.vision, **changes))
+
+
+def _break_phase(plan, name, fn):
+    from msgspec.structs import replace
+
+    return replace(plan, phases=[fn(p) if p.name == name else p for p in plan.phases])
+
+
+def _retype_input(phase, name, shape):
+    from msgspec.structs import replace
+
+    return replace(
+        phase, inputs=[replace(b, shape=shape) if b.name == name else b for b in phase.inputs]
+    )
+
+
+def _break_write(phase):
+    from msgspec.structs import replace
+
+    ops = [replace(op, args=[[1]]) if op.primitive == "DynamicSliceUpdate" else op
+           for op in phase.ops]
+    return replace(phase, ops=ops)
+
+
+@pytest.mark.parametrize(
+    ("how", "breaker", "needle"),
+    [
+        ("feature rows", lambda p: _break_vision(p, feature_rows=9), "images x tokens_per_image"),
+        ("pixel shape", lambda p: _break_vision(p, pixel_shape=[1, 3, 64, 64]), "pixel_values"),
+        ("tokens per image", lambda p: _break_vision(p, tokens_per_image=3, feature_rows=6),
+         "tokens_per_image"),
+        ("a phase on no stream",
+         lambda p: _break_vision(p, streams=p.vision.streams[1:]), "'vision' is on 0"),
+        ("prefill table shape",
+         lambda p: _break_phase(p, "prefill", lambda ph: _retype_input(ph, "image_rows", [1, 3])),
+         "image_rows has shape"),
+        ("table written along axis 1",
+         lambda p: _break_phase(p, "vision", _break_write), "along axis 0"),
+        ("no vision phase",
+         lambda p: _break_phase(p, "vision", lambda ph: __import__("msgspec").structs.replace(
+             ph, name="encoder")), "no phase named 'vision'"),
+    ],
+)
+def test_the_vision_rule_rejects_broken_plans(gemma3, how, breaker, needle) -> None:
+    problems = [p for p in verify_plan(breaker(read_plan(gemma3[0]))) if p.rule == "vision"]
+    assert problems, how
+    assert any(needle in p.message for p in problems), [str(p) for p in problems]
