@@ -26,19 +26,38 @@ def vision_plan(ix: PlanIndex) -> Iterator[Finding]:
     v = plan.vision
     phases = {px.phase.name: px for px in ix.phases}
     if v is None:
-        if "vision" in phases:
-            yield phases["vision"].path, "a vision phase, but the plan has no vision section"
+        for name, px in phases.items():
+            if name == "vision" or name.startswith("vision."):
+                yield px.path, "a vision phase, but the plan has no vision section"
         return
     if v.feature_rows != v.images * v.tokens_per_image:
         yield "$.vision.feature_rows", (
             f"{v.feature_rows}, but images x tokens_per_image = {v.images * v.tokens_per_image}"
         )
     table = [v.feature_rows, v.hidden_size]
-    px = phases.get("vision")
-    if px is None:
-        yield "$.phases", "a vision section, but no phase named 'vision'"
-    else:
-        yield from _vision_phase(px, v, table)
+    if not v.variants:
+        yield "$.vision.variants", "no image size has a vision phase"
+    if v.variants and v.tokens_per_image != max(x.tokens for x in v.variants):
+        yield "$.vision.tokens_per_image", (
+            f"{v.tokens_per_image}, but the largest variant fills "
+            f"{max(x.tokens for x in v.variants)} rows"
+        )
+    for k, variant in enumerate(v.variants):
+        where = f"$.vision.variants[{k}]"
+        if variant.height > v.image_size[0] or variant.width > v.image_size[1]:
+            yield where, (
+                f"{variant.height}x{variant.width} is over the bound "
+                f"{v.image_size[0]}x{v.image_size[1]}"
+            )
+        px = phases.get(variant.phase)
+        if px is None:
+            yield f"{where}.phase", f"no phase named {variant.phase!r}"
+        else:
+            yield from _vision_phase(px, variant, table)
+    known = {x.phase for x in v.variants} | {"prefill", "decode"}
+    for name, px in phases.items():
+        if name not in known:
+            yield px.path, f"phase {name!r} is neither a vision variant nor prefill or decode"
     prefill = phases.get("prefill")
     if prefill is not None:
         given = {b.name: b for b in prefill.phase.inputs if b.kind == "input"}
@@ -59,6 +78,7 @@ def vision_plan(ix: PlanIndex) -> Iterator[Finding]:
 
 
 def _vision_phase(px, v, table: list[int]) -> Iterator[Finding]:
+    """``v``: the variant (its pixel shape and tokens) the phase encodes."""
     phase = px.phase
     given = [b.name for b in phase.inputs if b.kind == "input"]
     if sorted(given) != sorted(VISION_INPUTS):
@@ -74,15 +94,13 @@ def _vision_phase(px, v, table: list[int]) -> Iterator[Finding]:
     pixels = next((b for b in phase.inputs if b.name == "pixel_values"), None)
     if pixels is not None and pixels.shape != v.pixel_shape:
         yield f"{px.path}.inputs", (
-            f"pixel_values has shape {pixels.shape}, the vision section says {v.pixel_shape}"
+            f"pixel_values has shape {pixels.shape}, its variant says {v.pixel_shape}"
         )
     table_in = next((b for b in phase.inputs if b.name == TABLE), None)
     if table_in is not None and table_in.shape != table:
         yield f"{px.path}.inputs", f"{TABLE} has shape {table_in.shape}, expected {table}"
-    if phase.tokens != v.tokens_per_image:
-        yield f"{px.path}.tokens", (
-            f"{phase.tokens}, but one image fills tokens_per_image = {v.tokens_per_image} rows"
-        )
+    if phase.tokens != v.tokens:
+        yield f"{px.path}.tokens", f"{phase.tokens}, but one image fills {v.tokens} rows"
     # The table's update: at the row input, tokens_per_image rows along axis 0.
     row = {b.id for b in phase.inputs if b.name == "row"}
     shapes = {t.id: t.shape for t in phase.tensors}
@@ -98,10 +116,10 @@ def _vision_phase(px, v, table: list[int]) -> Iterator[Finding]:
             yield px.op_path(k), "a dynamic update that is not the table's write at row"
             continue
         update = shapes.get(op.inputs[1], [])
-        if op.args[:1] != [[0]] or not update or update[0] != v.tokens_per_image:
+        if op.args[:1] != [[0]] or not update or update[0] != v.tokens:
             yield px.op_path(k), (
                 f"writes {update[:1]} rows along {op.args[:1]}; one image writes "
-                f"{v.tokens_per_image} rows along axis 0"
+                f"{v.tokens} rows along axis 0"
             )
     if not writes:
         yield px.path, "never writes the features table"
