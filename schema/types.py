@@ -132,6 +132,15 @@ class Target(_Base):
     allocator_slack: Int = 0
 
 
+class SlidingWindow(_Base):
+    """A sliding-window layer's cache as a ring (mlx-lm's ``RotatingKVCache``, keep 0): position p
+    is written at slot ``p mod slots``, and attention sees the last ``window`` positions.
+    ``slots`` is a multiple of ``bounds.prefill_chunk`` and at least ``window - 1 + chunk``."""
+
+    window: Positive
+    slots: Positive
+
+
 class StateTensor(_Base):
     """Memory that lives across steps, allocated once at plan capacity (KV cache, ...)."""
 
@@ -140,6 +149,7 @@ class StateTensor(_Base):
     shape: Shape
     dtype: Name
     bytes: ByteCount
+    window: SlidingWindow | None = None  # a ring of ``window.slots`` positions, not kv_capacity
 
 
 class Binding(_Base):
@@ -378,6 +388,10 @@ class CompileRequest(_Base):
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
+    # mlx-lm's kv_bits / kv_group_size / quantized_kv_start (None bits: a float KV cache)
+    kv_bits: Positive | None = None
+    kv_group_size: Positive = 64
+    quantized_kv_start: Int = 0
     vision: VisionRequest | None = None  # a vision-language plan's image bounds
     draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
     num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
