@@ -529,3 +529,21 @@ def test_a_fresh_state_not_marked_recurrent_is_rejected(recurrent_built) -> None
     assert any(
         p.rule == "bindings" and "of kind 'output' as 'state'" in p.message for p in problems
     )
+
+
+@pytest.mark.slow
+def test_fit_counts_the_quantised_cache(tmp_path: Path) -> None:
+    """dctms fit with --kv-bits: the same budget holds more prompt tokens with a 4-bit cache,
+    and the plan at the answer is a quantised one."""
+    import dctms
+
+    cfg = {**BASE, **MODELS["llama-bf16"], "num_key_value_heads": 4, "num_hidden_layers": 4}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plain = dctms.fit(tmp_path, "162.5MiB", output_tokens=16, prefill_chunk=CHUNK)
+    quantised = dctms.fit(
+        tmp_path, "162.5MiB", output_tokens=16, prefill_chunk=CHUNK, kv_bits=4, kv_group_size=64
+    )
+    assert plain.value is not None and quantised.value is not None
+    assert quantised.value > plain.value
+    assert quantised.plan.bounds.kv.bits == 4 and plain.plan.bounds.kv.bits is None
+    assert quantised.plan.envelope.total <= quantised.budget
