@@ -94,6 +94,7 @@ def compile_plan(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    max_kv_size: int | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -128,6 +129,7 @@ def compile_plan(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        max_kv_size=max_kv_size,
     )
     return _compile(open_model(model), options, progress)
 
@@ -179,6 +181,7 @@ def fit(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    max_kv_size: int | None = None,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
@@ -217,6 +220,7 @@ def fit(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        max_kv_size=max_kv_size,
     )
 
     def bounds(value: int) -> tuple[int, int]:
