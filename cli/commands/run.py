@@ -93,9 +93,11 @@ def _run(args: argparse.Namespace, target) -> int:
     request = validate_request(plan, prompt, max_tokens, stop)
     with RssSampler() as rss:
         session = Session(plan, model, verify_hashes=args.verify_weights)
+        recorded = session.prerecord([request])  # set-up: reported, not in TTFT
         gen = session.generate(request)
     text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
     report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, prompt)
+    report["setup"] = {"recorded_points": recorded.points, "record_s": recorded.seconds}
     if target is not None:
         target.write(report_bytes(report))
     print(text if text is not None else ",".join(map(str, gen.tokens)))
@@ -127,8 +129,18 @@ def summary(report: dict) -> str:
             f"within envelope: {'yes' if report['within_envelope'] else 'NO'} "
             f"(M_max provable / observed = {_ratio(report['envelope_over_observed'])})",
             f"BLAS: {BlasInfo(**report['blas']).describe()}",
+            *_setup_line(report.get("setup")),
         ]
     )
+
+
+def _setup_line(setup: dict | None) -> list[str]:
+    if not setup:
+        return []
+    return [
+        f"set-up: graphs of {setup['recorded_points']} length points recorded in "
+        f"{setup['record_s']:.2f} s before the first token (not in TTFT)"
+    ]
 
 
 def _ratio(value: float | None) -> str:
