@@ -13,6 +13,7 @@ from dctms.schema.types import (
     Binding,
     Buffer,
     CompileRequest,
+    EnvelopePart,
     Intermediate,
     LengthAffine,
     Lengths,
@@ -506,6 +507,17 @@ CASES: list[tuple[str, str, Break]] = [
     ("runner_names", "a prefill phase without last_index", lambda p: _with_prefill(p)),
     ("runner_names", "decode input renamed", lambda p: _with_prefill(binding(p, "inputs", "pos", name="pos"))),
     ("runner_names", "next_token renamed", lambda p: _with_prefill(binding(p, "outputs", "out", name="token"))),
+    ("compile_request", "kv bits differ from bounds.kv", lambda p: with_request(p, kv_bits=4)),
+    (
+        "quantized_start",
+        "a quantised KV cache without its prefill_start phase",
+        lambda p: _with_prefill(nested(p, "bounds", kv=replace(p.bounds.kv, bits=4, group_size=32))),
+    ),
+    (
+        "quantized_start",
+        "a prefill_start phase over a float KV cache",
+        lambda p: replace(p, phases=[*p.phases, replace(P0(p), name="prefill_start")]),
+    ),
     ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
     ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),
@@ -517,6 +529,11 @@ CASES: list[tuple[str, str, Break]] = [
     ("dynamic_scratch", "DynamicSliceUpdate without its offset", lambda p: _no_dynamic_scratch(p)),
     ("run_ahead", "run-ahead declared, lifetimes not widened",
      lambda p: nested(p, "target", run_ahead_dispatches=10)),  # fmt: skip
+    # speculative decoding (schema/rules_draft.py; tests/test_speculative.py breaks real plans)
+    ("speculative", "envelope parts without a draft",
+     lambda p: nested(p, "envelope", parts=[EnvelopePart("target", 256, 256, 0, 128)])),  # fmt: skip
+    ("speculative", "a verify phase without a draft",
+     lambda p: replace(p, phases=[P0(p), replace(P0(p), name="verify")])),  # fmt: skip
 ]
 
 
