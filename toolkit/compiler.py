@@ -37,6 +37,7 @@ from dctms.schema.types import (
     Plan,
     Quantization,
     Scratch,
+    SlidingWindow,
     StateTensor,
     Stats,
     SyncPoint,
@@ -282,13 +283,17 @@ def trace_source(
     stored = {h.name: h.dtype for h in headers} if headers else None
     # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
-    num_layers = caches.check_cache_support(model)
+    windows = caches.check_cache_support(model)
+    num_layers = len(windows)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
     quant = caches.kv_quantization(opts)
-    tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant)
+    rings = caches.rings_for(windows, chunk, capacity)
+    tracer = PhaseTracer(
+        model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
+    )
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
@@ -375,7 +380,14 @@ def grid_steps(opts: CompileOptions) -> tuple[int, int]:
 def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
     """The KV cache (the decode phase's state inputs) and the runner's persistent byte blocks."""
     kv = [
-        StateTensor(b.name, "kv", list(b.shape), b.dtype, nbytes(b.shape, b.dtype))
+        StateTensor(
+            b.name,
+            "kv",
+            list(b.shape),
+            b.dtype,
+            nbytes(b.shape, b.dtype),
+            window=SlidingWindow(*traced.rings[b.name]) if b.name in traced.rings else None,
+        )
         for b in traced.phase("decode").inputs
         if b.kind == "state"
     ]
