@@ -630,3 +630,15 @@ def test_fit_counts_the_quantised_cache(tmp_path: Path) -> None:
     assert quantised.value > plain.value
     assert quantised.plan.bounds.kv.bits == 4 and plain.plan.bounds.kv.bits is None
     assert quantised.plan.envelope.total <= quantised.budget
+
+
+def test_speculative_decoding_over_a_ring_is_refused_in_one_line(ring_built, tmp_path) -> None:
+    folder, *_ = ring_built("gemma3-f32")
+    cmd = [sys.executable, "-m", "dctms.cli.main", "compile", str(folder), "-N", str(N), "-M"]
+    cmd += [str(M), "--prefill-chunk", str(CHUNK), "--draft", str(folder), "--num-draft", "2"]
+    cmd += ["-o", str(tmp_path / "x.plan")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sliding-window or recurrent cache" in lines[0], proc.stderr
+    assert not (tmp_path / "x.plan").exists()

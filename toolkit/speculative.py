@@ -93,6 +93,10 @@ def compile_speculative(
     d_part = plan_model(
         draft, d_headers, opts, d_settings, say, extra_positions=num_draft, pack_seconds=2 * share
     )
+    if d_part.traced.rings or d_part.traced.recurrent:
+        raise DctmsError(
+            "--draft: a draft with a sliding-window or recurrent cache is not planned yet"
+        )
     if d_part.traced.vocab_size != t_part.traced.vocab_size:
         raise DctmsError(_vocab_message(t_part.traced.vocab_size, d_part.traced.vocab_size))
     parts = [_part(TARGET, t_part), _part(DRAFT, d_part)]
@@ -202,6 +206,10 @@ def trace_verify(tracer: PhaseTracer, tokens: int, window: int) -> TracedPhase:
     if tracer.layout.quant is not None:
         raise DctmsError(
             "--draft with --kv-bits: a quantised KV cache is not planned for speculative decoding yet"
+        )
+    if any(tracer.layout.rings):
+        raise DctmsError(
+            "--draft: speculative decoding over a sliding-window or recurrent cache is not planned yet"
         )
 
     def fn(tokens_, position, **kw):
