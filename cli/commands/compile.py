@@ -7,10 +7,9 @@ import sys
 import time
 
 from dctms.cli.compile_options import add_compile_options, compile_options
+from dctms.cli.draft_options import add_draft_options, compile_with_draft, draft_inputs
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
-
-DEFAULT_NUM_DRAFT = 3  # as mlx_lm.generate --num-draft-tokens
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,18 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-M", "--output-tokens", type=int, required=True, help="most generated tokens")
     p.add_argument("-o", "--output", metavar="PLAN", help="plan file to write (default: stdout)")
     add_compile_options(p, memory_required=False)
-    p.add_argument(
-        "--draft",
-        metavar="DRAFT",
-        help="speculative decoding: also plan this draft model (folder or config.json; same "
-        "vocabulary) and the target's verify phase",
-    )
-    p.add_argument(
-        "--num-draft",
-        type=int,
-        metavar="K",
-        help=f"tokens the draft proposes per verify call (default {DEFAULT_NUM_DRAFT}; needs --draft)",
-    )
+    add_draft_options(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
@@ -57,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             raise DctmsError("-o '': empty path (use - for stdout)")
         return _run(args, None)
     # Checked (and the file reserved) before any work: never onto the model, a device or a folder.
-    inputs = model_inputs(args.model) + (model_inputs(args.draft) if args.draft else [])
+    inputs = model_inputs(args.model) + draft_inputs(args)
     with reserve_output(args.output, inputs=inputs, label=f"-o {args.output}") as target:
         return _run(args, target)
 
@@ -82,16 +70,10 @@ def _run(args: argparse.Namespace, target) -> int:
     # Built on the Python API: every compile option is one of dctms.compile_plan's keywords.
     keywords = dataclasses.asdict(opts)
     keywords["memory"] = keywords.pop("device_memory")
-    if args.num_draft is not None and not args.draft:
-        raise DctmsError("--num-draft needs --draft DRAFT (the draft model)")
-    if args.draft:
+    if args.draft or args.num_draft is not None:
         from dctms.schema.model_folder import open_model
-        from dctms.toolkit.speculative import compile_speculative
 
-        k = DEFAULT_NUM_DRAFT if args.num_draft is None else args.num_draft
-        plan = compile_speculative(
-            open_model(args.model), open_model(args.draft), opts, k, progress
-        )
+        plan = compile_with_draft(args, open_model(args.model), opts, progress)
     else:
         plan = dctms.compile_plan(args.model, progress=progress, **keywords)
     if target is not None:

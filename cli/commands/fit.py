@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dctms.cli.compile_options import add_compile_options, compile_options, memory_budget
+from dctms.cli.draft_options import add_draft_options, compile_with_draft, draft_inputs
 from dctms.schema.errors import DctmsError
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("-M", "--output-tokens", type=int, help="fixed M: search the largest N")
     which.add_argument("-N", "--input-tokens", type=int, help="fixed N: search the largest M")
     add_compile_options(p, memory_required=True)
+    add_draft_options(p)
     p.add_argument(
         "--search",
         choices=["chunk"],
@@ -106,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, None)
     # Checked (and the file reserved) before the search: never onto the model, a device or a folder.
     label = f"-o {args.output or repr(args.output)}"
-    with reserve_output(args.output, inputs=model_inputs(args.model), label=label) as target:
+    inputs = model_inputs(args.model) + draft_inputs(args)
+    with reserve_output(args.output, inputs=inputs, label=label) as target:
         return _run(args, target)
 
 
@@ -114,19 +117,17 @@ def _write(target, plan, args, source) -> None:
     """The plan at the fit, as ``dctms compile`` would write it (with its real-length points)."""
     if target is not None:
         from dctms.schema.io import encode_plan
-        from dctms.toolkit.compiler import compile_plan
 
         b = plan.bounds
         opts = compile_options(
             args, b.input_tokens, b.output_tokens, prefill_chunk=b.prefill_chunk
         )
-        target.write(encode_plan(compile_plan(source, opts)))
+        target.write(encode_plan(compile_with_draft(args, source, opts)))
 
 
 def _run(args: argparse.Namespace, target) -> int:
     from dctms.figures.units import human
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.compiler import compile_plan
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
     budget = memory_budget(args)
@@ -169,7 +170,7 @@ def _run(args: argparse.Namespace, target) -> int:
             # Probes skip the real-length points (they do not change the envelope); the plan
             # written with -o is compiled with them (_write).
             opts = replace(compile_options(args, n, m, prefill_chunk=chunk), real_lengths=False)
-            plan = compile_plan(source, opts)
+            plan = compile_with_draft(args, source, opts)
             total = plan.envelope.total
             if total <= budget and value > max(fitting, default=0):
                 fitting.clear()
