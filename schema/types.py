@@ -132,6 +132,15 @@ class Target(_Base):
     allocator_slack: Int = 0
 
 
+class SlidingWindow(_Base):
+    """A sliding-window layer's cache as a ring (mlx-lm's ``RotatingKVCache``, keep 0): position p
+    is written at slot ``p mod slots``, and attention sees the last ``window`` positions.
+    ``slots`` is a multiple of ``bounds.prefill_chunk`` and at least ``window - 1 + chunk``."""
+
+    window: Positive
+    slots: Positive
+
+
 class StateTensor(_Base):
     """Memory that lives across steps, allocated once at plan capacity (KV cache, ...)."""
 
@@ -140,6 +149,7 @@ class StateTensor(_Base):
     shape: Shape
     dtype: Name
     bytes: ByteCount
+    window: SlidingWindow | None = None  # a ring of ``window.slots`` positions, not kv_capacity
 
 
 class Binding(_Base):
@@ -350,6 +360,14 @@ class Stats(_Base):
     lower_bound_bytes: ByteCount
 
 
+class VisionRequest(_Base):
+    """The vision options a plan was compiled with (``compile --images K --image-size HxW``)."""
+
+    images: Positive
+    height: Positive
+    width: Positive
+
+
 class CompileRequest(_Base):
     """What the plan was compiled from, exactly as asked: the model's config.json and every compile
     option as given (None / the default where the compiler chose), so ``dctms check`` can re-compile
@@ -370,8 +388,45 @@ class CompileRequest(_Base):
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
+    # mlx-lm's kv_bits / kv_group_size / quantized_kv_start (None bits: a float KV cache)
+    kv_bits: Positive | None = None
+    kv_group_size: Positive = 64
+    quantized_kv_start: Int = 0
+    vision: VisionRequest | None = None  # a vision-language plan's image bounds
     draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
     num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
+
+
+class Stream(_Base):
+    """One stream of a vision-language plan's lifetime analysis and which phases run on it.
+
+    ``vision``: the tower and projector, once per image; ``text``: prefill (merged embeddings)
+    and decode; ``output``: the generated tokens the host reads. ``mlx_stream`` is the MLX stream
+    the runner puts the phases on (0: the default stream)."""
+
+    name: Literal["vision", "text", "output"]
+    phases: list[Name]
+    mlx_stream: Int = 0
+
+
+class Vision(_Base):
+    """A vision-language plan: its image bounds and the features table the images fill.
+
+    Each image runs the ``vision`` phase once and fills ``tokens_per_image`` rows of the
+    ``image_features`` table (``feature_rows`` = ``images`` x ``tokens_per_image``); prefill reads
+    the rows of its image-token positions (input ``image_rows``). Only the table outlives the
+    vision phase."""
+
+    family: Name  # mlx-vlm model_type, e.g. "gemma3"
+    resolution: Literal["fixed", "dynamic"]
+    images: Positive  # K: most images per call
+    image_size: Annotated[list[Positive], msgspec.Meta(min_length=2, max_length=2)]  # [H, W]
+    tokens_per_image: Positive
+    feature_rows: Positive
+    hidden_size: Positive
+    image_token_id: Int
+    pixel_shape: Shape  # the pixel_values array of one image at the bound
+    streams: list[Stream]
 
 
 class Draft(_Base):
@@ -400,6 +455,7 @@ class Plan(_Base):
     envelope: Envelope
     stats: Stats
     compile: CompileRequest | None = None  # None in plans not written by the compiler (tests)
+    vision: Vision | None = None  # vision-language plans only
     draft: Draft | None = None  # speculative decoding: the draft model's part (compile --draft)
     # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
     # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.

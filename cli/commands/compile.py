@@ -29,6 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="PLAN", help="plan file to write (default: stdout)")
     add_compile_options(p, memory_required=False)
     add_draft_options(p)
+    vision = p.add_argument_group("vision-language models (mlx-vlm folders)")
+    vision.add_argument(
+        "--images", type=int, metavar="K", help="most images per call (plans the vision tower)"
+    )
+    vision.add_argument(
+        "--image-size",
+        metavar="HxW",
+        help="largest image after the model's own preprocessing (e.g. 224x224)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
@@ -70,7 +79,9 @@ def _run(args: argparse.Namespace, target) -> int:
     # Built on the Python API: every compile option is one of dctms.compile_plan's keywords.
     keywords = dataclasses.asdict(opts)
     keywords["memory"] = keywords.pop("device_memory")
-    if args.draft or args.num_draft is not None:
+    if args.images is not None or args.image_size is not None:
+        plan = _compile_vision(args, opts, progress)
+    elif args.draft or args.num_draft is not None:
         from dctms.schema.model_folder import open_model
 
         plan = compile_with_draft(args, open_model(args.model), opts, progress)
@@ -94,3 +105,15 @@ def _run(args: argparse.Namespace, target) -> int:
         )
         return 1
     return 0
+
+
+def _compile_vision(args: argparse.Namespace, opts, progress):
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan, parse_image_size
+
+    if args.images is None or args.image_size is None:
+        raise DctmsError("vision-language plans need both --images K and --image-size HxW")
+    height, width = parse_image_size(args.image_size)
+    return compile_vlm_plan(
+        open_model(args.model), opts, VisionOptions(args.images, height, width), progress
+    )

@@ -27,6 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json)")
     src.add_argument("--tokens", metavar="IDS", help="prompt as comma-separated token ids")
     p.add_argument(
+        "--image",
+        action="append",
+        metavar="FILE",
+        help="PNG/JPEG image for a vision-language plan (repeatable; with --prompt)",
+    )
+    p.add_argument(
         "--draft-model",
         metavar="DIR",
         help="speculative decoding with this draft model (the plan must be compiled with --draft)",
@@ -80,6 +86,10 @@ def _run(args: argparse.Namespace, target) -> int:
 
     plan = load_checked_plan(args.plan)
     model = open_model_folder(args.model)
+    if plan.vision is not None or args.image:
+        from dctms.cli.run_vision import run_vision
+
+        return run_vision(args, plan, model, target)
     if args.prompt is not None:
         try:
             args.prompt.encode("utf-8")
