@@ -379,3 +379,9 @@ def test_the_inspector_overview_shows_both_models(plans):
     asyncio.run(main())
     assert "draft proposes K = 2" in seen["text"]
     assert "target" in seen["text"] and "draft" in seen["text"] and "qwen2" in seen["text"]
+
+
+def test_check_refuses_a_speculative_plan_in_one_line(plans):
+    proc = _dctms("check", str(plans[("self", 1)]))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "speculative plan" in proc.stderr

@@ -115,6 +115,11 @@ def check_plan(
             f"{source_name}: records no compile request (not written by `dctms compile` of this "
             "version): re-make it with `dctms compile`"
         )
+    if plan.draft is not None:
+        raise DctmsError(
+            f"{source_name}: a speculative plan (compile --draft): dctms check does not "
+            "re-compile the draft model yet; re-make it with `dctms compile --draft` and compare"
+        )
     source = _source(plan, request, model, source_name)
     command = compile_command(request, str(model) if model is not None else "MODEL", source_name)
     canonical = encode_plan(plan)
