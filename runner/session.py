@@ -131,6 +131,7 @@ class Session:
         self.prefill = PhaseProgram(phases["prefill"])
         self.decode = PhaseProgram(phases["decode"])
         self.prefill_start = PhaseProgram(phases[START]) if START in phases else None
+        self.recurrent = any(s.recurrent for s in plan.state)
         self.chunk = plan.bounds.prefill_chunk
 
     def held_bytes(self) -> int:
@@ -169,10 +170,10 @@ class Session:
             raise ValueError("the request was validated for another plan")
         prompt, max_tokens, stop = list(request.prompt), request.max_tokens, request.stop
         start = time.perf_counter()
-        if self.prefill_start is None:
+        if self.prefill_start is None and not self.recurrent:
             token_array = self._prefill(prompt)
-        else:  # a quantised KV cache: mlx-lm's call boundaries decide what is quantised
-            token_array = prefill_like_mlx_lm(self, prompt)
+        else:  # mlx-lm's call boundaries decide what is quantised; a recurrent state takes no pad
+            token_array = prefill_like_mlx_lm(self, prompt, whole_chunks=self.recurrent)
         token = int(token_array.item())
         gen = Generation([token], time.perf_counter() - start)
         if on_token is not None and on_token(token) is False:

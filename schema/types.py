@@ -150,6 +150,9 @@ class StateTensor(_Base):
     dtype: Name
     bytes: ByteCount
     window: SlidingWindow | None = None  # a ring of ``window.slots`` positions, not kv_capacity
+    # A recurrent layer's state (mlx-lm's ArraysCache): replaced by every call, so the runner
+    # feeds prompts in whole chunks and single tokens (never padded)
+    recurrent: bool = False
 
 
 class Binding(_Base):
@@ -409,13 +412,27 @@ class Stream(_Base):
     mlx_stream: Int = 0
 
 
+class VisionVariant(_Base):
+    """One image size the plan has a vision phase for (after the model's own preprocessing).
+
+    A fixed-resolution tower has one; a dynamic-resolution one (the image size decides the patch
+    count) has one per size up to the bound, each phase traced and planned at that size."""
+
+    phase: Name  # the vision phase that encodes an image of this size
+    height: Positive
+    width: Positive
+    tokens: Positive  # feature rows (image tokens) an image of this size fills
+    pixel_shape: Shape  # its pixel_values array, as the family's processor makes it
+
+
 class Vision(_Base):
     """A vision-language plan: its image bounds and the features table the images fill.
 
-    Each image runs the ``vision`` phase once and fills ``tokens_per_image`` rows of the
-    ``image_features`` table (``feature_rows`` = ``images`` x ``tokens_per_image``); prefill reads
-    the rows of its image-token positions (input ``image_rows``). Only the table outlives the
-    vision phase."""
+    Image k runs the vision phase of its size (``variants``) once and fills rows from
+    ``k * tokens_per_image`` of the ``image_features`` table (``feature_rows`` = ``images`` x
+    ``tokens_per_image``, the most tokens of any variant); prefill reads the rows of its
+    image-token positions (input ``image_rows``). Only the table outlives the vision phase.
+    ``mrope``: the text phases take 3-axis rotary positions (input ``rope_positions``)."""
 
     family: Name  # mlx-vlm model_type, e.g. "gemma3"
     resolution: Literal["fixed", "dynamic"]
@@ -425,8 +442,9 @@ class Vision(_Base):
     feature_rows: Positive
     hidden_size: Positive
     image_token_id: Int
-    pixel_shape: Shape  # the pixel_values array of one image at the bound
+    variants: list[VisionVariant]
     streams: list[Stream]
+    mrope: bool = False
 
 
 class Draft(_Base):

@@ -369,6 +369,7 @@ def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
             b.dtype,
             nbytes(b.shape, b.dtype),
             window=SlidingWindow(*traced.rings[b.name]) if b.name in traced.rings else None,
+            recurrent=b.name in traced.recurrent,
         )
         for b in traced.phase("decode").inputs
         if b.kind == "state"
@@ -665,6 +666,7 @@ def emit_phase(
             )
         )
     outputs = {b.id for b in tp.outputs if b.kind == "output"}
+    fresh_state = {b.id for b in tp.outputs if b.kind == "state"}
     tensors = []
     # Scratch after the op's outputs: by (producer position, scratch last).
     for t, life in sorted(
@@ -683,6 +685,8 @@ def emit_phase(
             view_of=life.root if life.kind in ("view", "state") else None,
         )
         kind = _plan_kind(life, outputs)
+        if kind == "intermediate" and t in fresh_state:
+            kind = "output"  # a recurrent state made anew by this call (toolkit.caches)
         if kind == "scratch":
             tensors.append(Scratch(**fields, op=life.scratch_of))
         else:
