@@ -385,3 +385,9 @@ def test_check_refuses_a_speculative_plan_in_one_line(plans):
     proc = _dctms("check", str(plans[("self", 1)]))
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "speculative plan" in proc.stderr
+
+
+def test_a_quantised_kv_cache_is_refused_with_a_draft(models):
+    opts = CompileOptions(N, M, prefill_chunk=CHUNK, kv_bits=8)
+    with pytest.raises(DctmsError, match="--draft: not supported yet with --kv-bits"):
+        compile_speculative(open_model(models["target"]), open_model(models["target"]), opts, 2)
