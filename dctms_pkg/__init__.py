@@ -91,6 +91,10 @@ def compile_plan(
     hash_weights: bool = False,
     pack_seconds: float = 2.0,
     real_lengths: bool = True,
+    ranks: int = 1,
+    rank: int = 0,
+    parallel: Literal["pipeline", "tensor"] | None = None,
+    split: tuple[int, ...] | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -102,8 +106,10 @@ def compile_plan(
     when M_max does not fit). The other options are ``dctms compile``'s (see its ``--help``).
     ``pack_seconds`` is the offset packer's search budget (a fixed amount of work, so the plan
     does not depend on the machine). ``real_lengths=False`` leaves out the length points the runner
-    runs short calls at (fixed, padded phases; the envelope is the same). ``progress`` receives one line per compiler pass. Weights
-    are never loaded.
+    runs short calls at (fixed, padded phases; the envelope is the same). ``ranks`` > 1 with
+    ``parallel`` compiles rank ``rank`` of the model split by mlx-lm's ``pipeline`` (``split``: layers
+    per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every rank's.
+    ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan as _compile
@@ -122,6 +128,10 @@ def compile_plan(
         sync_every=sync_every,
         pack_seconds=pack_seconds,
         real_lengths=real_lengths,
+        ranks=ranks,
+        rank=rank,
+        parallel=parallel,
+        split=split,
     )
     return _compile(open_model(model), options, progress)
 

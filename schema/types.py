@@ -79,6 +79,18 @@ class Quantization(_Base):
     mode: Name = "affine"
 
 
+class RankShard(_Base):
+    """How a tensor-parallel rank cuts its weight from the stored tensor, as mlx.nn's ``_shard``
+    does: split ``stored_shape`` along ``axis`` into ``segments``, each of those into ``parts``, keep
+    part ``index`` of every segment, concatenated along ``axis``."""
+
+    stored_shape: Shape
+    axis: Int
+    parts: Positive
+    index: Int
+    segments: Positive = 1
+
+
 class WeightTensor(_Base):
     name: Name
     shape: Shape
@@ -86,6 +98,8 @@ class WeightTensor(_Base):
     bytes: ByteCount
     # As stored in the safetensors file, when the plan casts it at load (``compile --dtype``).
     stored_dtype: Name | None = None
+    # A tensor-parallel rank's slice of the stored tensor (``shape`` is the slice's).
+    shard: RankShard | None = None
 
 
 class Weights(_Base):
@@ -353,6 +367,28 @@ class CompileRequest(_Base):
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
+    # One rank of a distributed model (see Distributed): ranks > 1 with parallel and rank.
+    ranks: Positive = 1
+    rank: Int = 0
+    parallel: ParallelMode | None = None
+    split: list[Positive] | None = None
+
+
+ParallelMode = Literal["pipeline", "tensor"]
+
+
+class Distributed(_Base):
+    """This plan is one rank of a model split over ``ranks`` processes of mlx.distributed, by
+    mlx-lm's own ``pipeline(group)`` or ``shard(group)``. Every rank has a plan file of its own;
+    its envelope is that rank's alone (nothing is shared between ranks' processes)."""
+
+    mode: ParallelMode
+    ranks: Positive
+    rank: Int
+    layers: list[Int]  # [start, end): the decoder layers this rank runs, in the model's numbering
+    split: list[Positive] = []  # pipeline: layers per rank, in rank order (rank 0 runs the last)
+    # Stored weights this rank does not load (pipeline: the other ranks' layers).
+    skipped_weights: list[Name] = []
 
 
 class Plan(_Base):
@@ -366,6 +402,7 @@ class Plan(_Base):
     envelope: Envelope
     stats: Stats
     compile: CompileRequest | None = None  # None in plans not written by the compiler (tests)
+    distributed: Distributed | None = None  # set when the plan is one rank of several
     # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
     # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.
     digest: Sha256 | Literal[""] = ""

@@ -110,6 +110,11 @@ class CompileOptions:
     # Trace smaller lengths too and record the verified points the runner may run at (see
     # toolkit.lengths); off: fixed phases (the envelope is the same either way: `fit` probes so).
     real_lengths: bool = True
+    # One rank of a model split over ``ranks`` processes by mlx-lm (toolkit.distributed).
+    ranks: int = 1
+    rank: int = 0
+    parallel: str | None = None
+    split: tuple[int, ...] | None = None
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -153,7 +158,10 @@ def compile_plan(
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
     use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
-    traced, capacity, fits = trace_source(source.config, headers, opts, settings, say)
+    ranked: list = []  # the rank's model as mlx-lm split it (toolkit.distributed), when one
+    traced, capacity, fits = trace_source(source.config, headers, opts, settings, say, ranked)
+    if ranked:
+        headers = ranked[0].headers(headers)
     weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
     ridge = ridge_point(settings.profile)
     phases = []
@@ -184,6 +192,8 @@ def compile_plan(
     )
     check_cast_overshoot(weights, envelope)
     plan = emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
+    if ranked:
+        plan = ranked[0].annotate(plan)
     self_check(plan)
     return plan
 
@@ -223,19 +233,32 @@ def trace_source(
     opts: CompileOptions,
     settings: Settings,
     say: Callable[[str], None],
+    ranked: list | None = None,
 ) -> tuple[Traced, int, dict[str, LengthFit]]:
     """Pass 1: build the model with lazy weights, trace both phases at their largest lengths and
-    (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one)."""
+    (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one).
+    With ``opts.ranks`` > 1 the model is that rank's and ``ranked`` receives it."""
     say(f"building {config.get('model_type')} {settings.dtype} model (lazy weights)")
     stored = {h.name: h.dtype for h in headers} if headers else None
     # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
+    rank = None
+    if opts.ranks > 1 or opts.parallel is not None:
+        from dctms.toolkit.distributed import rank_spec, split_model
+
+        rank = split_model(model, rank_spec(opts))
+        say(f"rank {opts.rank} of {opts.ranks} ({opts.parallel}): layers {rank.layers}")
+        if ranked is not None:
+            ranked.append(rank)
     num_layers = check_cache_support(model)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
-    tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
+    if rank is None:
+        tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
+    else:
+        tracer = rank.tracer(num_layers, batch=opts.batch, capacity=capacity)
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)

@@ -1,0 +1,374 @@
+"""``dctms compile --ranks R`` and ``dctms run --ranks R``: one plan per rank, run under mlx.launch.
+
+compile writes ``FOLDER/rank<r>.plan`` for every rank (all compiled before any is written).
+``run --ranks R FOLDER`` starts ``mlx.launch -n R`` (ring backend, R free local ports; or a hostfile)
+running ``dctms run FOLDER --launched`` in every rank. Each rank process (``run_as_rank``):
+
+1. joins the group (``mx.distributed.init``) and reads ``rank<r>.plan`` for its own rank;
+2. checks, before allocating anything, that the plan is that rank's of a group of this size, the
+   request fits it and the weights match its fingerprint;
+3. tells every other rank whether it passed (one all_gather of a flag), so that a rank that refuses
+   makes all stop before allocating, each saying why, instead of leaving the others blocked in their
+   first collective;
+4. runs the plan and writes its report (tokens, MLX peak, RSS peak, its own M_max).
+
+Every wait for the other ranks is bounded (``--rank-timeout``): a rank that gets no answer stops
+with a message naming what it waited for. mlx.launch exits 0 even when a rank fails, so the wrapper
+decides from the reports: every rank must report success and the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from dctms.schema.errors import DctmsError
+
+EXIT_REFUSED = 2
+EXIT_OVER_ENVELOPE = 3
+EXIT_NO_ANSWER = 4
+PLAN_NAME = "rank{}.plan"
+
+
+# ------------------------------------------------------------------------------------ compile
+
+
+def compile_ranks_command(args: argparse.Namespace) -> int:
+    from dctms.cli.compile_options import compile_options
+    from dctms.cli.inputs import model_inputs
+    from dctms.schema.io import encode_plan
+    from dctms.schema.model_folder import open_model
+    from dctms.schema.output import check_output_folder, write_output
+    from dctms.toolkit.distributed import choose_split, compile_ranks
+
+    if args.ranks < 2:
+        raise DctmsError(f"--parallel needs --ranks of 2 or more, got {args.ranks}")
+    if not args.output or args.output == "-":
+        raise DctmsError("--ranks writes one plan per rank: give -o FOLDER")
+    folder = check_output_folder(args.output, label=f"-o {args.output}")
+    start = time.perf_counter()
+    show = not args.quiet and (args.progress or sys.stderr.isatty())
+
+    def progress(msg: str) -> None:
+        if show:
+            print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
+
+    opts = compile_options(args, args.input_tokens, args.output_tokens)
+    source = open_model(args.model)
+    choice = None
+    if args.split == "memory":
+        if args.parallel != "pipeline":
+            raise DctmsError("--split memory applies to --parallel pipeline only")
+        choice, plans = choose_split(source, opts, progress)
+    else:
+        plans = compile_ranks(source, opts, progress)
+    folder.mkdir(exist_ok=True)
+    inputs = model_inputs(args.model)
+    for plan in plans:
+        name = PLAN_NAME.format(plan.distributed.rank)
+        write_output(folder / name, encode_plan(plan), inputs=inputs, label=f"-o {folder / name}")
+    if not args.quiet:
+        print(rank_table(plans), file=sys.stderr)
+        if choice is not None:
+            print(split_text(choice), file=sys.stderr)
+    short = [p for p in plans if p.envelope.free is not None and p.envelope.free < 0]
+    if short:
+        p = short[0]
+        print(
+            f"dctms compile: rank {p.distributed.rank}'s M_max {p.envelope.total} bytes does not "
+            f"fit the {p.envelope.device} byte budget",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def rank_table(plans, observed: dict[int, dict] | None = None) -> str:
+    """One line per rank: its layers, envelope and (after a run) what it observed."""
+    from dctms.figures.units import MIB
+
+    head = f"{'rank':>4} {'layers':>9} {'weights MiB':>12} {'kv MiB':>8} {'arena MiB':>10} {'M_max MiB':>10}"
+    if observed:
+        head += f" {'MLX peak MiB':>13} {'RSS peak MiB':>13}"
+    lines = [head]
+    for p in plans:
+        d, e = p.distributed, p.envelope
+        row = (
+            f"{d.rank:>4} {f'{d.layers[0]}-{d.layers[1] - 1}':>9} {e.weights / MIB:>12.3f} "
+            f"{e.kv / MIB:>8.3f} {e.intermediate / MIB:>10.3f} {e.total / MIB:>10.3f}"
+        )
+        if observed and d.rank in observed:
+            o = observed[d.rank]
+            row += f" {o['mlx_peak_bytes'] / MIB:>13.3f} {o['rss_peak_bytes'] / MIB:>13.3f}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def split_text(choice) -> str:
+    from dctms.figures.units import MIB
+
+    pred = ", ".join(f"{b / MIB:.3f}" for b in choice.predicted)
+    return (
+        f"pipeline split by count {list(choice.count)}, by memory {list(choice.memory)} "
+        f"(predicted per-rank M_max {pred} MiB; the plans above are the compiled ones)"
+    )
+
+
+# ------------------------------------------------------------------------------------ run
+
+
+def run_ranks_command(args: argparse.Namespace) -> int:
+    if args.launched:
+        return run_as_rank(args)
+    return launch(args)
+
+
+def _launcher() -> list[str]:
+    beside = Path(sys.executable).parent / "mlx.launch"
+    found = str(beside) if beside.exists() else shutil.which("mlx.launch")
+    if found is None:
+        raise DctmsError("mlx.launch not found (it comes with mlx)")
+    return [found]
+
+
+def free_ports(count: int, tries: int = 50) -> int:
+    """The first of ``count`` consecutive local TCP ports that are free now (ring: one per rank)."""
+    rng = random.Random(os.getpid() ^ time.time_ns())
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise DctmsError(f"no {count} consecutive free local ports found")
+
+
+def _rank_argv(args: argparse.Namespace, reports: str) -> list[str]:
+    argv = [sys.executable, "-m", "dctms.cli.main", "run", str(Path(args.plan).resolve())]
+    argv += ["--model", str(Path(args.model).resolve()), "--launched", "--rank-reports", reports]
+    argv += ["--rank-timeout", str(args.rank_timeout)]
+    if args.prompt is not None:
+        argv += ["--prompt", args.prompt]
+    else:
+        argv += ["--tokens", args.tokens]
+    if args.max_tokens is not None:
+        argv += ["--max-tokens", str(args.max_tokens)]
+    for flag in ("verify_weights", "ignore_eos", "ignore_chat_template"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    if args.system_prompt is not None:
+        argv += ["--system-prompt", args.system_prompt]
+    return argv
+
+
+def launch(args: argparse.Namespace) -> int:
+    """``mlx.launch`` the ranks, then judge the run from their reports."""
+    from dctms.runner.load import load_checked_plan
+    from dctms.schema.output import reserve_output
+
+    folder = Path(args.plan)
+    if args.ranks < 2:
+        raise DctmsError(f"--ranks must be 2 or more, got {args.ranks}")
+    if not folder.is_dir():
+        raise DctmsError(f"{folder}: with --ranks, PLAN is the folder of rank plans")
+    plans = []
+    for r in range(args.ranks):
+        path = folder / PLAN_NAME.format(r)
+        if not path.is_file():
+            raise DctmsError(f"{path}: missing (compile with --ranks {args.ranks} -o {folder})")
+        plans.append(load_checked_plan(path))
+    if args.rank_timeout <= 0:
+        raise DctmsError(f"--rank-timeout must be positive, got {args.rank_timeout}")
+    target = None
+    if args.report is not None:
+        target = reserve_output(args.report, inputs=[folder], label=f"--report {args.report}")
+    with tempfile.TemporaryDirectory(prefix="dctms-ranks-") as reports:
+        cmd = _launcher() + ["--backend", args.launch_backend]
+        if args.hostfile:
+            cmd += ["--hostfile", args.hostfile]
+        else:
+            cmd += ["-n", str(args.ranks), "-p", str(free_ports(args.ranks))]
+        cmd += ["--", *_rank_argv(args, reports)]
+        # Every rank bounds its own waits; this bounds the launcher too (it does not notice a
+        # hung rank): the longest a healthy run may take is its ranks' generation.
+        _run_bounded(cmd, timeout=args.rank_timeout * 4 + 60)
+        found = {}
+        for r in range(args.ranks):
+            path = Path(reports) / f"rank{r}.json"
+            if path.is_file():
+                found[r] = json.loads(path.read_text())
+    status, message = judge(found, args.ranks)
+    if status == 0:
+        print(
+            ",".join(map(str, found[0]["tokens"]))
+            if found[0].get("text") is None
+            else found[0]["text"]
+        )
+    observed = {r: rep["observed"] for r, rep in found.items() if "observed" in rep}
+    print(rank_table(plans, observed), file=sys.stderr)
+    if message:
+        print(f"dctms run: {message}", file=sys.stderr)
+    if target is not None:
+        with target:
+            doc = {"ranks": args.ranks, "status": status, "message": message, "per_rank": found}
+            target.write((json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    return status
+
+
+def _run_bounded(cmd: list[str], timeout: float) -> None:
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def judge(reports: dict[int, dict], ranks: int) -> tuple[int, str]:
+    """(exit status, message) from the ranks' reports: 0 only when every rank ran, stayed within
+    its envelope and generated the same tokens."""
+    missing = [r for r in range(ranks) if r not in reports]
+    refused = [r for r, rep in sorted(reports.items()) if rep["status"] == "refused"]
+    if refused:
+        first = reports[refused[0]]
+        return EXIT_REFUSED, f"rank {refused[0]} refused: {first['message']}" + (
+            f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        ) + "; the other ranks stopped before allocating"
+    waited = [r for r, rep in sorted(reports.items()) if rep["status"] == "no_answer"]
+    if missing or waited:
+        what = f"rank(s) {missing} left no report" if missing else ""
+        if waited:
+            what += ("; " if what else "") + reports[waited[0]]["message"]
+        return EXIT_NO_ANSWER, what
+    over = [r for r, rep in sorted(reports.items()) if not rep["within_envelope"]]
+    if over:
+        rep = reports[over[0]]
+        return EXIT_OVER_ENVELOPE, (
+            f"rank {over[0]}'s observed MLX peak {rep['observed']['mlx_peak_bytes']} bytes exceeds "
+            f"its provable envelope {rep['provable_bytes']} bytes"
+        )
+    tokens = {tuple(rep["tokens"]) for rep in reports.values()}
+    if len(tokens) != 1:
+        return 1, "the ranks generated different tokens"
+    return 0, ""
+
+
+# ------------------------------------------------------------------------------------ one rank
+
+
+class Watchdog:
+    """Bounds one wait for the other ranks: past ``seconds`` the rank reports and exits."""
+
+    def __init__(self, seconds: float, report):
+        self.seconds, self.report = seconds, report
+
+    def waiting(self, what: str):
+        timer = threading.Timer(self.seconds, self._fire, args=(what,))
+        timer.daemon = True
+        return _Timed(timer)
+
+    def _fire(self, what: str) -> None:
+        message = f"no answer from the other ranks within {self.seconds:g} s while {what}"
+        try:
+            self.report("no_answer", message)
+        finally:
+            print(f"dctms run: {message}", file=sys.stderr, flush=True)
+            os._exit(EXIT_NO_ANSWER)
+
+
+class _Timed:
+    def __init__(self, timer: threading.Timer):
+        self.timer = timer
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+        return False
+
+
+def run_as_rank(args: argparse.Namespace) -> int:
+    import mlx.core as mx
+
+    from dctms.cli.commands.run import prompt_request
+    from dctms.runner.distributed import check_rank, exchange_flags
+    from dctms.runner.load import check_fingerprint, load_checked_plan
+    from dctms.runner.measure import RssSampler
+    from dctms.runner.session import Session
+    from dctms.schema.model_folder import open_model_folder
+
+    if not args.rank_reports:
+        raise DctmsError("--launched needs --rank-reports (dctms run --ranks passes both)")
+    reports = Path(args.rank_reports)
+    state: dict = {"rank": int(os.environ.get("MLX_RANK", "-1"))}
+
+    def report(status: str, message: str = "", **more) -> None:
+        doc = {"rank": state["rank"], "status": status, "message": message, **more}
+        path = reports / f"rank{state['rank']}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, sort_keys=True))
+        tmp.replace(path)
+
+    dog = Watchdog(args.rank_timeout, report)
+    with dog.waiting("joining the group"):
+        group = mx.distributed.init(strict=True)
+    state["rank"] = rank = group.rank()
+    failure = None
+    try:
+        plan = load_checked_plan(Path(args.plan) / PLAN_NAME.format(rank))
+        check_rank(plan, rank, group.size())
+        model = open_model_folder(args.model)
+        request, tokenizer = prompt_request(args, plan, model)
+        check_fingerprint(plan, model, args.verify_weights)
+    except DctmsError as err:
+        failure = str(err)
+    with dog.waiting("exchanging the ranks' checks"):
+        flags = exchange_flags(failure is not None)
+    if failure is not None:
+        report("refused", failure)
+        print(f"dctms run: rank {rank}: {failure}", file=sys.stderr)
+        return EXIT_REFUSED
+    if any(flags):
+        bad = [k for k, f in enumerate(flags) if f]
+        message = f"rank {rank}: stopping before allocating: rank(s) {bad} refused"
+        report("stopped", message)
+        print(f"dctms run: {message}", file=sys.stderr)
+        return EXIT_REFUSED
+    with RssSampler() as rss, dog.waiting("generating (a collective of the plan)"):
+        session = Session(plan, model, verify_hashes=False)
+        gen = session.generate(request)
+    peak = mx.get_peak_memory()
+    env = plan.envelope
+    within = peak <= env.provable
+    text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
+    report(
+        "ok",
+        tokens=gen.tokens,
+        text=text,
+        provable_bytes=env.provable,
+        m_max_bytes=env.total,
+        within_envelope=within,
+        observed={"mlx_peak_bytes": peak, "rss_peak_bytes": rss.peak},
+        layers=plan.distributed.layers,
+    )
+    return 0 if within else EXIT_OVER_ENVELOPE
