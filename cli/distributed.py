@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 
 from dctms.schema.errors import DctmsError
+from dctms.schema.ranks import PLAN_NAME
 
 EXIT_REFUSED = 2
 EXIT_OVER_ENVELOPE = 3
 EXIT_NO_ANSWER = 4
-PLAN_NAME = "rank{}.plan"
 
 
 # ------------------------------------------------------------------------------------ compile
@@ -50,6 +50,7 @@ def compile_ranks_command(args: argparse.Namespace) -> int:
     from dctms.schema.model_folder import open_model
     from dctms.schema.output import check_output_folder, write_output
     from dctms.toolkit.distributed import choose_split, compile_ranks
+    from dctms.views.ranks import rank_table
 
     if args.ranks < 2:
         raise DctmsError(f"--parallel needs --ranks of 2 or more, got {args.ranks}")
@@ -91,27 +92,6 @@ def compile_ranks_command(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-def rank_table(plans, observed: dict[int, dict] | None = None) -> str:
-    """One line per rank: its layers, envelope and (after a run) what it observed."""
-    from dctms.figures.units import MIB
-
-    head = f"{'rank':>4} {'layers':>9} {'weights MiB':>12} {'kv MiB':>8} {'arena MiB':>10} {'M_max MiB':>10}"
-    if observed:
-        head += f" {'MLX peak MiB':>13} {'RSS peak MiB':>13}"
-    lines = [head]
-    for p in plans:
-        d, e = p.distributed, p.envelope
-        row = (
-            f"{d.rank:>4} {f'{d.layers[0]}-{d.layers[1] - 1}':>9} {e.weights / MIB:>12.3f} "
-            f"{e.kv / MIB:>8.3f} {e.intermediate / MIB:>10.3f} {e.total / MIB:>10.3f}"
-        )
-        if observed and d.rank in observed:
-            o = observed[d.rank]
-            row += f" {o['mlx_peak_bytes'] / MIB:>13.3f} {o['rss_peak_bytes'] / MIB:>13.3f}"
-        lines.append(row)
-    return "\n".join(lines)
 
 
 def split_text(choice) -> str:
@@ -181,20 +161,23 @@ def _rank_argv(args: argparse.Namespace, reports: str) -> list[str]:
 
 def launch(args: argparse.Namespace) -> int:
     """``mlx.launch`` the ranks, then judge the run from their reports."""
-    from dctms.runner.load import load_checked_plan
+    from dctms.runner.load import check_runtime
     from dctms.schema.output import reserve_output
+    from dctms.schema.ranks import read_rank_plans
+    from dctms.views.ranks import rank_table
 
     folder = Path(args.plan)
     if args.ranks < 2:
         raise DctmsError(f"--ranks must be 2 or more, got {args.ranks}")
     if not folder.is_dir():
         raise DctmsError(f"{folder}: with --ranks, PLAN is the folder of rank plans")
-    plans = []
-    for r in range(args.ranks):
-        path = folder / PLAN_NAME.format(r)
-        if not path.is_file():
-            raise DctmsError(f"{path}: missing (compile with --ranks {args.ranks} -o {folder})")
-        plans.append(load_checked_plan(path))
+    plans = read_rank_plans(folder)
+    if len(plans) != args.ranks:
+        raise DctmsError(
+            f"{folder} holds the plans of {len(plans)} ranks, not --ranks {args.ranks}"
+        )
+    for plan in plans:
+        check_runtime(plan)
     if args.rank_timeout <= 0:
         raise DctmsError(f"--rank-timeout must be positive, got {args.rank_timeout}")
     target = None

@@ -180,12 +180,18 @@ def fit(
     hash_weights: bool = False,
     pack_seconds: float = 2.0,
     real_lengths: bool = True,
+    ranks: int = 1,
+    rank: int = 0,
+    parallel: Literal["pipeline", "tensor"] | None = None,
+    split: tuple[int, ...] | None = None,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
     ``memory`` -- what ``dctms fit`` searches (``views.fit.largest_fitting``: a linear estimate of
     the crossing, then interpolation, bisection when that stalls), capped by the config's
-    max_position_embeddings (N + M). Takes every ``compile_plan`` option. The probes compile
+    max_position_embeddings (N + M). Takes every ``compile_plan`` option; with ``ranks`` > 1 the
+    budget is per rank: a probe's M_max is the largest of its ranks' (``rank`` is then ignored and
+    ``result.plan`` is the rank with the largest M_max). The probes compile
     without the length points (the envelope is the same); ``result.plan`` is compiled with the
     options as given."""
     from dctms.schema.model_folder import open_model
@@ -215,7 +221,13 @@ def fit(
         hash_weights=hash_weights,
         sync_every=sync_every,
         pack_seconds=pack_seconds,
+        ranks=ranks,
+        rank=rank,
+        parallel=parallel,
+        split=split,
     )
+    if ranks > 1:
+        from dctms.toolkit.distributed import widest_rank as _compile  # noqa: F811
 
     def bounds(value: int) -> tuple[int, int]:
         return (value, fixed) if search_n else (fixed, value)

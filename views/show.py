@@ -9,11 +9,15 @@ from dctms.figures.overview import arena_rows, bounds_rows, envelope_rows, heade
 from dctms.figures.overview import table1 as table1_figures
 from dctms.figures.units import MIB
 from dctms.schema.types import Plan
+from dctms.views.ranks import rank_section
 
 
 def show_text(plan: Plan) -> str:
     """The summary ``dctms show PLAN`` prints (ends with a newline)."""
     sections = [_header(plan), _bounds(plan), _envelope(plan), _table1(plan), _arena(plan)]
+    ranked = rank_section(plan)
+    if ranked is not None:
+        sections.insert(1, ranked)
     if any(p.lengths for p in plan.phases):
         sections.append(_lengths(plan))
     return "\n\n".join(sections) + "\n"
@@ -71,7 +75,9 @@ def _lengths(plan: Plan) -> str:
         if p.lengths is None:
             lines.append(f"  {p.name:<10} fixed: every call padded to the planned shapes")
             continue
-        varies = ", ".join(f"{n} <= {b}" for n, b in zip(p.lengths.names, p.lengths.bound, strict=True))
+        varies = ", ".join(
+            f"{n} <= {b}" for n, b in zip(p.lengths.names, p.lengths.bound, strict=True)
+        )
         places = sum(len(f.at) for f in p.lengths.affine)
         lines.append(
             f"  {p.name:<10} {varies}; {len(p.lengths.points)} verified points, "

@@ -117,9 +117,7 @@ def _write(target, plan, args, source) -> None:
         from dctms.toolkit.compiler import compile_plan
 
         b = plan.bounds
-        opts = compile_options(
-            args, b.input_tokens, b.output_tokens, prefill_chunk=b.prefill_chunk
-        )
+        opts = compile_options(args, b.input_tokens, b.output_tokens, prefill_chunk=b.prefill_chunk)
         target.write(encode_plan(compile_plan(source, opts)))
 
 
@@ -127,6 +125,7 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.figures.units import human
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan
+    from dctms.toolkit.distributed import widest_rank
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
     budget = memory_budget(args)
@@ -140,6 +139,10 @@ def _run(args: argparse.Namespace, target) -> int:
     if args.prompt_tokens is not None and args.prompt_tokens < 1:
         raise DctmsError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
     chunks = _chunks(args)
+    if args.ranks > 1 and (args.split == "memory" or target is not None):
+        raise DctmsError(
+            "fit --ranks: --split memory and -o are for dctms compile --ranks at the fit"
+        )
     source = open_model(args.model)
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
@@ -169,7 +172,8 @@ def _run(args: argparse.Namespace, target) -> int:
             # Probes skip the real-length points (they do not change the envelope); the plan
             # written with -o is compiled with them (_write).
             opts = replace(compile_options(args, n, m, prefill_chunk=chunk), real_lengths=False)
-            plan = compile_plan(source, opts)
+            # --ranks: the budget is per rank, so a probe's M_max is its largest rank's.
+            plan = compile_plan(source, opts) if opts.ranks == 1 else widest_rank(source, opts)
             total = plan.envelope.total
             if total <= budget and value > max(fitting, default=0):
                 fitting.clear()
