@@ -20,6 +20,7 @@ decides from the reports: every rank must report success and the same tokens.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -28,7 +29,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -235,6 +235,9 @@ def judge(reports: dict[int, dict], ranks: int) -> tuple[int, str]:
         return EXIT_REFUSED, f"rank {refused[0]} refused: {first['message']}" + (
             f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
         ) + "; the other ranks stopped before allocating"
+    stopped = [r for r, rep in sorted(reports.items()) if rep["status"] == "stopped"]
+    if stopped:
+        return EXIT_REFUSED, reports[stopped[0]]["message"]
     waited = [r for r, rep in sorted(reports.items()) if rep["status"] == "no_answer"]
     if missing or waited:
         what = f"rank(s) {missing} left no report" if missing else ""
@@ -257,37 +260,41 @@ def judge(reports: dict[int, dict], ranks: int) -> tuple[int, str]:
 # ------------------------------------------------------------------------------------ one rank
 
 
+# The watcher runs in a process of its own: a rank blocked in a collective (or in joining the ring)
+# is inside MLX's C++ code holding the GIL, where no Python thread or signal handler of its own runs.
+_WATCHER = """
+import json, os, signal, sys, time
+seconds, pid, path, rank, message = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+time.sleep(seconds)
+doc = {"rank": rank, "status": "no_answer", "message": message}
+with open(path + ".tmp", "w") as f:
+    json.dump(doc, f, sort_keys=True)
+os.replace(path + ".tmp", path)
+print("dctms run: rank %d: %s" % (rank, message), file=sys.stderr, flush=True)
+os.kill(pid, signal.SIGKILL)
+"""
+
+
 class Watchdog:
-    """Bounds one wait for the other ranks: past ``seconds`` the rank reports and exits."""
+    """Bounds each wait for the other ranks: past ``seconds`` a watcher process writes the rank's
+    report ("no_answer", naming what it waited for), says so on stderr and ends the rank."""
 
-    def __init__(self, seconds: float, report):
-        self.seconds, self.report = seconds, report
+    def __init__(self, seconds: float, report_path, rank: int):
+        self.seconds, self.path, self.rank = seconds, str(report_path), rank
 
+    @contextlib.contextmanager
     def waiting(self, what: str):
-        timer = threading.Timer(self.seconds, self._fire, args=(what,))
-        timer.daemon = True
-        return _Timed(timer)
-
-    def _fire(self, what: str) -> None:
         message = f"no answer from the other ranks within {self.seconds:g} s while {what}"
+        watcher = subprocess.Popen(
+            [sys.executable, "-c", _WATCHER, str(self.seconds), str(os.getpid()), self.path]
+            + [str(self.rank), message],
+            stdin=subprocess.DEVNULL,
+        )
         try:
-            self.report("no_answer", message)
+            yield
         finally:
-            print(f"dctms run: {message}", file=sys.stderr, flush=True)
-            os._exit(EXIT_NO_ANSWER)
-
-
-class _Timed:
-    def __init__(self, timer: threading.Timer):
-        self.timer = timer
-
-    def __enter__(self):
-        self.timer.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.timer.cancel()
-        return False
+            watcher.kill()
+            watcher.wait()
 
 
 def run_as_rank(args: argparse.Namespace) -> int:
@@ -312,7 +319,7 @@ def run_as_rank(args: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(doc, sort_keys=True))
         tmp.replace(path)
 
-    dog = Watchdog(args.rank_timeout, report)
+    dog = Watchdog(args.rank_timeout, reports / f"rank{state['rank']}.json", state["rank"])
     with dog.waiting("joining the group"):
         group = mx.distributed.init(strict=True)
     state["rank"] = rank = group.rank()
@@ -325,11 +332,12 @@ def run_as_rank(args: argparse.Namespace) -> int:
         check_fingerprint(plan, model, args.verify_weights)
     except DctmsError as err:
         failure = str(err)
+        # Reported first: the launcher may end this rank as soon as another one has stopped.
+        report("refused", failure)
+        print(f"dctms run: rank {rank}: {failure}", file=sys.stderr, flush=True)
     with dog.waiting("exchanging the ranks' checks"):
         flags = exchange_flags(failure is not None)
     if failure is not None:
-        report("refused", failure)
-        print(f"dctms run: rank {rank}: {failure}", file=sys.stderr)
         return EXIT_REFUSED
     if any(flags):
         bad = [k for k, f in enumerate(flags) if f]
