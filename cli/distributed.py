@@ -54,6 +54,8 @@ def compile_ranks_command(args: argparse.Namespace) -> int:
 
     if args.ranks < 2:
         raise DctmsError(f"--parallel needs --ranks of 2 or more, got {args.ranks}")
+    if getattr(args, "draft", None) or getattr(args, "images", None) is not None:
+        raise DctmsError("not supported yet: --ranks with --draft or --images")
     if not args.output or args.output == "-":
         raise DctmsError("--ranks writes one plan per rank: give -o FOLDER")
     folder = check_output_folder(args.output, label=f"-o {args.output}")
@@ -169,6 +171,8 @@ def launch(args: argparse.Namespace) -> int:
     folder = Path(args.plan)
     if args.ranks < 2:
         raise DctmsError(f"--ranks must be 2 or more, got {args.ranks}")
+    if getattr(args, "draft_model", None) or getattr(args, "image", None):
+        raise DctmsError("not supported yet: --ranks with --draft-model or --image")
     if not folder.is_dir():
         raise DctmsError(f"{folder}: with --ranks, PLAN is the folder of rank plans")
     plans = read_rank_plans(folder)

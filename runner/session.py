@@ -43,6 +43,7 @@ def check_allocation(
     last_start = {
         "prefill": padded - b.prefill_chunk,
         "decode": max(0, b.input_tokens + b.output_tokens - 2),
+        "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
     }
     for phase in plan.phases:
         if phase.name not in last_start:
@@ -58,7 +59,7 @@ def check_allocation(
         writes, stray = state_writes(phase)
         if stray:
             raise DctmsError(
-                f"{phase.name} op {phase.ops[stray[0].op_position].index} writes state "
+                f"{phase.name} op {stray[0].op_position} writes state "
                 f"{stray[0].state} at an index the runner does not bound"
             )
         for w in writes:
@@ -77,15 +78,14 @@ def throttle_limit(plan: Plan) -> int:
     makes (its arena outputs plus scratch), so that an op started just under the limit still ends
     within the envelope."""
     largest = 0
-    for phase in plan.phases:
-        position = {op.index: k for k, op in enumerate(phase.ops)}
+    for phase in [*plan.phases, *(plan.draft.phases if plan.draft else ())]:
         made = [0] * len(phase.ops)
         producer = {t: k for k, op in enumerate(phase.ops) for t in op.outputs}
         for t in phase.tensors:
             if t.view_of is not None or t.kind == "state":
                 continue
             if isinstance(t, Scratch):
-                k = position.get(t.op)
+                k = t.op if 0 <= t.op < len(phase.ops) else None
             else:
                 k = producer.get(t.id)
             if k is not None:

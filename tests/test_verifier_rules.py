@@ -13,6 +13,7 @@ from dctms.schema.types import (
     Binding,
     Buffer,
     CompileRequest,
+    EnvelopePart,
     Intermediate,
     LengthAffine,
     Lengths,
@@ -37,7 +38,7 @@ def tensor(plan: Plan, tensor_id: str, **changes) -> Plan:
 
 
 def op(plan: Plan, op_index: int, /, **changes) -> Plan:
-    ops = [replace(o, **changes) if o.index == op_index else o for o in plan.phases[0].ops]
+    ops = [replace(o, **changes) if i == op_index else o for i, o in enumerate(plan.phases[0].ops)]
     return phase(plan, ops=ops)
 
 
@@ -101,7 +102,6 @@ def _with_lengths(plan: Plan, **changes) -> Plan:
 
 
 CASES: list[tuple[str, str, Break]] = [
-    ("unique_ids", "op index differs from position", lambda p: op(p, 5, index=6)),
     ("unique_ids", "duplicate tensor id", lambda p: tensor(p, "t2", id="t0")),
     (
         "unique_ids",
@@ -518,6 +518,11 @@ CASES: list[tuple[str, str, Break]] = [
     ("dynamic_scratch", "DynamicSliceUpdate without its offset", lambda p: _no_dynamic_scratch(p)),
     ("run_ahead", "run-ahead declared, lifetimes not widened",
      lambda p: nested(p, "target", run_ahead_dispatches=10)),  # fmt: skip
+    # speculative decoding (schema/rules_draft.py; tests/test_speculative.py breaks real plans)
+    ("speculative", "envelope parts without a draft",
+     lambda p: nested(p, "envelope", parts=[EnvelopePart("target", 256, 256, 0, 128)])),  # fmt: skip
+    ("speculative", "a verify phase without a draft",
+     lambda p: replace(p, phases=[P0(p), replace(P0(p), name="verify")])),  # fmt: skip
 ]
 
 

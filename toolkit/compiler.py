@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import mlx.core as mx
 import msgspec
@@ -158,12 +159,66 @@ def compile_plan(
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
     use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
-    ranked: list = []  # the rank's model as mlx-lm split it (toolkit.distributed), when one
-    traced, capacity, fits = trace_source(source.config, headers, opts, settings, say, ranked)
+    part = plan_model(source, headers, opts, settings, say)
+    state, phases = part.state, part.phases
+    envelope = build_envelope(
+        weights=part.weights.total_bytes,
+        kv=sum(s.bytes for s in state if s.kind == "kv"),
+        persistent=sum(s.bytes for s in state if s.kind == "persistent"),
+        intermediate=max(p.arena_bytes + p.slack_bytes for p in phases),
+        backend=settings.backend,
+        device_memory=opts.device_memory,
+        cache_enabled=settings.allocator_slack > 0,
+    )
+    check_cast_overshoot(part.weights, envelope)
+    plan = emit_plan(
+        source, opts, settings, part.traced, part.capacity, part.weights, state, phases, envelope
+    )
+    if part.rank is not None:
+        plan = part.rank.annotate(plan)
+    self_check(plan)
+    return plan
+
+
+@dataclass(frozen=True)
+class ModelPart:
+    """Passes 1-4 of one model: its trace, cache capacity, weights fingerprint, phases, state."""
+
+    traced: Traced
+    capacity: int
+    weights: Weights
+    phases: list[Phase]
+    state: list[StateTensor]
+    rank: Any = None  # the rank's model as mlx-lm split it (toolkit.distributed.Rank), when one
+
+
+# More phases traced with a model's tracer (speculative decoding's verify): called with the tracer,
+# the largest window and whether to fit lengths; returns each phase with its fit (or why none).
+MorePhases = Callable[[PhaseTracer, int, bool], list[tuple[TracedPhase, "LengthFit | str | None"]]]
+
+
+def plan_model(
+    source: ModelFolder,
+    headers: list[HeaderTensor] | None,
+    opts: CompileOptions,
+    settings: Settings,
+    say: Callable[[str], None],
+    *,
+    extra_positions: int = 0,
+    more_phases: MorePhases | None = None,
+    pack_seconds: float | None = None,
+) -> ModelPart:
+    """Trace one model and plan each of its phases (``pack_seconds``: their packing budget, by
+    default ``opts.pack_seconds``); ``extra_positions`` enlarges the KV cache beyond N + M."""
+    ranked: list = []
+    traced, capacity, fits = trace_source(
+        source.config, headers, opts, settings, say, extra_positions, more_phases, ranked
+    )
     if ranked:
         headers = ranked[0].headers(headers)
     weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
     ridge = ridge_point(settings.profile)
+    budget = opts.pack_seconds if pack_seconds is None else pack_seconds
     phases = []
     for tp in traced.phases:
         say(f"planning {tp.name}: {len(tp.ops)} primitives")
@@ -174,28 +229,20 @@ def compile_plan(
                 opts.alignment,
                 opts.sync_every,
                 settings.allocator_slack,
-                opts.pack_seconds / len(traced.phases),
+                budget / len(traced.phases),
                 fits.get(tp.name),
                 _candidates(tp.name, fits.get(tp.name), opts.input_tokens),
                 say,
             )
         )
-    state = state_tensors(traced, settings.allocator_slack)
-    envelope = build_envelope(
-        weights=weights.total_bytes,
-        kv=sum(s.bytes for s in state if s.kind == "kv"),
-        persistent=sum(s.bytes for s in state if s.kind == "persistent"),
-        intermediate=max(p.arena_bytes + p.slack_bytes for p in phases),
-        backend=settings.backend,
-        device_memory=opts.device_memory,
-        cache_enabled=settings.allocator_slack > 0,
+    return ModelPart(
+        traced,
+        capacity,
+        weights,
+        phases,
+        state_tensors(traced, settings.allocator_slack),
+        ranked[0] if ranked else None,
     )
-    check_cast_overshoot(weights, envelope)
-    plan = emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
-    if ranked:
-        plan = ranked[0].annotate(plan)
-    self_check(plan)
-    return plan
 
 
 def check_cast_overshoot(weights: Weights, envelope) -> None:
@@ -233,10 +280,13 @@ def trace_source(
     opts: CompileOptions,
     settings: Settings,
     say: Callable[[str], None],
+    extra_positions: int = 0,
+    more_phases: MorePhases | None = None,
     ranked: list | None = None,
 ) -> tuple[Traced, int, dict[str, LengthFit]]:
     """Pass 1: build the model with lazy weights, trace both phases at their largest lengths and
     (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one).
+    ``extra_positions``: cache positions beyond N + M; ``more_phases``: phases traced besides.
     With ``opts.ranks`` > 1 the model is that rank's and ``ranked`` receives it."""
     say(f"building {config.get('model_type')} {settings.dtype} model (lazy weights)")
     stored = {h.name: h.dtype for h in headers} if headers else None
@@ -252,7 +302,7 @@ def trace_source(
             ranked.append(rank)
     num_layers = check_cache_support(model)
     chunk = settings.prefill_chunk
-    capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
+    capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
     if rank is None:
@@ -262,13 +312,15 @@ def trace_source(
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
-    traced = tracer.traced([prefill, decode])
+    more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
+    traced = tracer.traced([prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return traced, capacity, fits
     for name, found in (
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
         ("decode", _fit_decode(tracer, decode, window)),
+        *((tp.name, found) for tp, found in more),
     ):
         if isinstance(found, str):
             say(f"{name}: fixed lengths ({found})")
@@ -361,7 +413,6 @@ def emit_plan(
 ) -> Plan:
     """Emit: assemble the plan document from the passes' results."""
     config = source.config
-    quant = config.get("quantization")
     return Plan(
         schema_version=SCHEMA_VERSION,
         generator=Generator(dctms.__version__, mx.__version__, _mlx_lm_version()),
@@ -374,20 +425,7 @@ def emit_plan(
             kv=KVStorage(dtype=traced.kv.dtype),
             kv_capacity=capacity,
         ),
-        model=ModelInfo(
-            architecture=str(config.get("model_type")),
-            config_sha256=source.config_sha256,
-            num_layers=traced.num_layers,
-            vocab_size=traced.vocab_size,
-            weights=weights,
-            quantization=(
-                Quantization(
-                    int(quant["group_size"]), int(quant["bits"]), quant.get("mode", "affine")
-                )
-                if quant and "bits" in quant
-                else None
-            ),
-        ),
+        model=model_info(source, traced, weights),
         target=Target(
             backend=settings.backend,
             alignment=opts.alignment,
@@ -402,6 +440,23 @@ def emit_plan(
         stats=table1_stats(phases),
         # The inputs as given, so `dctms check` can re-compile exactly this plan.
         compile=CompileRequest(config=config, **asdict(opts)),
+    )
+
+
+def model_info(source: ModelFolder, traced: Traced, weights: Weights) -> ModelInfo:
+    """The plan's record of one model: architecture, config hash, layers, vocabulary, weights."""
+    quant = source.config.get("quantization")
+    return ModelInfo(
+        architecture=str(source.config.get("model_type")),
+        config_sha256=source.config_sha256,
+        num_layers=traced.num_layers,
+        vocab_size=traced.vocab_size,
+        weights=weights,
+        quantization=(
+            Quantization(int(quant["group_size"]), int(quant["bits"]), quant.get("mode", "affine"))
+            if quant and "bits" in quant
+            else None
+        ),
     )
 
 
@@ -607,11 +662,10 @@ def emit_phase(
 ) -> Phase:
     """Emit one phase: ops in execution order, tensor records by variant, buffers, sync points."""
     ops = []
-    for p, i in enumerate(sched.order):
+    for p, i in enumerate(sched.order):  # an op's index in the plan is its position p
         op = tp.ops[i]
         ops.append(
             Op(
-                index=p,
                 primitive=op.primitive,
                 inputs=list(op.inputs),
                 outputs=list(op.outputs),
