@@ -22,8 +22,12 @@ RUNNER_INPUTS = {
     "prefill": ("tokens", "position", "last_index"),
     "decode": ("tokens", "position"),
 }
-# Phases the runner executes when the plan has them (speculative decoding's verify call).
-OPTIONAL_INPUTS = {"verify": ("tokens", "position")}
+# Phases the runner executes when the plan has them: speculative decoding's verify call, a
+# quantised KV cache's first call.
+OPTIONAL_INPUTS = {
+    "verify": ("tokens", "position"),
+    "prefill_start": ("tokens", "position", "last_index"),
+}
 RESULT = "next_token"
 # What a vision-language plan's prefill is fed besides (see ``rules_vision``).
 VISION_PREFILL_INPUTS = ("image_features", "image_rows")
@@ -73,7 +77,10 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
             if b.kind == "state" and b.name not in {i.name for i in phase.inputs}:
                 yield f"{px.path}.outputs[{k}].name", f"state {b.name!r} is written but never read"
     for px in ix.phases:
-        if px.phase.name == "prefill" and px.phase.tokens != plan.bounds.prefill_chunk:
+        if (
+            px.phase.name in ("prefill", "prefill_start")
+            and px.phase.tokens != plan.bounds.prefill_chunk
+        ):
             yield (
                 f"{px.path}.tokens",
                 f"{px.phase.tokens}, but the runner feeds prefill_chunk = "
@@ -81,6 +88,17 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
             )
         if px.phase.name == "decode" and px.phase.tokens != 1:
             yield f"{px.path}.tokens", f"{px.phase.tokens}, but decode processes one token per call"
+
+
+def quantized_start(ix: PlanIndex) -> Iterator[Finding]:
+    """A quantised KV cache (``bounds.kv.bits``) has the ``prefill_start`` phase its first call runs
+    (float attention, as mlx-lm's call before it quantises its cache), and only such a plan has."""
+    plan = ix.plan
+    has = any(p.name == "prefill_start" for p in plan.phases)
+    if plan.bounds.kv.bits is not None and not has and runnable(plan):
+        yield "$.phases", "a quantised KV cache needs the prefill_start phase (its first call)"
+    if plan.bounds.kv.bits is None and has:
+        yield "$.phases", "prefill_start is the first call of a quantised KV cache, but bounds.kv has no bits"
 
 
 def vocabulary(ix: PlanIndex) -> Iterator[Finding]:

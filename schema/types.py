@@ -393,6 +393,10 @@ class CompileRequest(_Base):
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
+    # mlx-lm's kv_bits / kv_group_size / quantized_kv_start (None bits: a float KV cache)
+    kv_bits: Positive | None = None
+    kv_group_size: Positive = 64
+    quantized_kv_start: Int = 0
     # One rank of a distributed model (see Distributed): ranks > 1 with parallel and rank.
     ranks: Positive = 1
     rank: Int = 0

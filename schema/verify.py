@@ -76,6 +76,7 @@ RULES: dict[str, Rule] = {
     "envelope_sum": rules_totals.envelope_sum,
     "stats": rules_totals.stats,
     "runner_names": rules_runner.runner_names,
+    "quantized_start": rules_runner.quantized_start,
     "vocabulary": rules_runner.vocabulary,
     "state_capacity": rules_runner.state_capacity,
     "op_arguments": rules_runner.op_arguments,

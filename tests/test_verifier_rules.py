@@ -507,6 +507,17 @@ CASES: list[tuple[str, str, Break]] = [
     ("runner_names", "a prefill phase without last_index", lambda p: _with_prefill(p)),
     ("runner_names", "decode input renamed", lambda p: _with_prefill(binding(p, "inputs", "pos", name="pos"))),
     ("runner_names", "next_token renamed", lambda p: _with_prefill(binding(p, "outputs", "out", name="token"))),
+    ("compile_request", "kv bits differ from bounds.kv", lambda p: with_request(p, kv_bits=4)),
+    (
+        "quantized_start",
+        "a quantised KV cache without its prefill_start phase",
+        lambda p: _with_prefill(nested(p, "bounds", kv=replace(p.bounds.kv, bits=4, group_size=32))),
+    ),
+    (
+        "quantized_start",
+        "a prefill_start phase over a float KV cache",
+        lambda p: replace(p, phases=[*p.phases, replace(P0(p), name="prefill_start")]),
+    ),
     ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
     ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),

@@ -30,7 +30,6 @@ from dctms.schema.types import (
     Constant,
     Envelope,
     Generator,
-    KVStorage,
     LengthAffine,
     Lengths,
     ModelInfo,
@@ -48,7 +47,7 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign, limits
+from dctms.toolkit import assign, caches, limits
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lengths import (
     TOKENS,
@@ -73,7 +72,6 @@ from dctms.toolkit.trace import (
     TracedBinding,
     TracedPhase,
     build_model,
-    check_cache_support,
     kv_capacity,
     max_window,
 )
@@ -111,6 +109,11 @@ class CompileOptions:
     # Trace smaller lengths too and record the verified points the runner may run at (see
     # toolkit.lengths); off: fixed phases (the envelope is the same either way: `fit` probes so).
     real_lengths: bool = True
+    # A quantised KV cache with mlx-lm's settings (generate_step's kv_bits, kv_group_size,
+    # quantized_kv_start); None: the cache in the activation dtype (see toolkit.caches).
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    quantized_kv_start: int = 0
     # One rank of a model split over ``ranks`` processes by mlx-lm (toolkit.distributed).
     ranks: int = 1
     rank: int = 0
@@ -300,24 +303,30 @@ def trace_source(
         say(f"rank {opts.rank} of {opts.ranks} ({opts.parallel}): layers {rank.layers}")
         if ranked is not None:
             ranked.append(rank)
-    num_layers = check_cache_support(model)
+    num_layers = caches.check_cache_support(model)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
+    quant = caches.kv_quantization(opts)
     if rank is None:
-        tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
+        tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant)
     else:
-        tracer = rank.tracer(num_layers, batch=opts.batch, capacity=capacity)
+        tracer = rank.tracer(num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant)
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
+    start = [tracer.prefill(chunk, chunk, caches.PREFILL_START)] if quant else []
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
-    traced = tracer.traced([prefill, decode, *(tp for tp, _ in more)])
+    traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return traced, capacity, fits
+    found_start = (
+        [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))] if quant else []
+    )
     for name, found in (
+        *found_start,
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
         ("decode", _fit_decode(tracer, decode, window)),
         *((tp.name, found) for tp, found in more),
@@ -422,7 +431,7 @@ def emit_plan(
             batch=opts.batch,
             prefill_chunk=settings.prefill_chunk,
             dtype=settings.dtype,
-            kv=KVStorage(dtype=traced.kv.dtype),
+            kv=caches.kv_storage(traced.kv.dtype, opts),
             kv_capacity=capacity,
         ),
         model=model_info(source, traced, weights),

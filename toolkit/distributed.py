@@ -105,8 +105,10 @@ class Rank:
     def __post_init__(self) -> None:
         self.recorder = CollectiveRecorder(self.spec.ranks)
 
-    def tracer(self, num_layers: int, *, batch: int, capacity: int) -> RankTracer:
-        return RankTracer(self.model, num_layers, batch=batch, capacity=capacity, rank=self)
+    def tracer(self, num_layers: int, *, batch: int, capacity: int, kv_quant=None) -> RankTracer:
+        return RankTracer(
+            self.model, num_layers, batch=batch, capacity=capacity, kv_quant=kv_quant, rank=self
+        )
 
     def headers(self, headers: list[HeaderTensor] | None) -> list[HeaderTensor] | None:
         """The safetensors headers as this rank sees them: only the tensors it holds, each with
@@ -343,21 +345,23 @@ def _identity(x):
 class RankTracer(PhaseTracer):
     """``PhaseTracer`` for one rank: collectives traced as markers, then rewritten into ops."""
 
-    def __init__(self, model: nn.Module, num_layers: int, *, batch: int, capacity: int, rank: Rank):
+    def __init__(
+        self, model: nn.Module, num_layers: int, *, batch: int, capacity: int, kv_quant, rank: Rank
+    ):
         self.rank = rank
         rec = rank.recorder
         with rec.active(probing=True):  # the cache probe is a plain call: it counts the collectives
-            super().__init__(model, num_layers, batch=batch, capacity=capacity)
+            super().__init__(model, num_layers, batch=batch, capacity=capacity, kv_quant=kv_quant)
         # Passed to the exporter with the state (as keywords); never a weight of the plan.
         self.state = {**self.state, **rec.tag_inputs()}
 
-    def _step(self, tokens, position, last_index, window, kw):
+    def _step(self, tokens, position, last_index, window, kw, *rest):
         self.rank.recorder.start(kw)
-        return super()._step(tokens, position, last_index, window, kw)
+        return super()._step(tokens, position, last_index, window, kw, *rest)
 
-    def prefill(self, tokens: int, window: int) -> TracedPhase:
+    def prefill(self, tokens: int, window: int, *rest) -> TracedPhase:
         with self.rank.recorder.active():
-            phase = super().prefill(tokens, window)
+            phase = super().prefill(tokens, window, *rest)
         return rewrite_collectives(phase, self.rank.recorder.calls)
 
     def decode(self, window: int) -> TracedPhase:
@@ -463,6 +467,8 @@ def rank_spec(opts) -> RankSpec:
     """The rank a ``CompileOptions`` asks for."""
     if opts.parallel is None:
         raise DctmsError(f"--ranks {opts.ranks} needs --parallel {' or '.join(PARALLEL_MODES)}")
+    if getattr(opts, "kv_bits", None) is not None:
+        raise DctmsError("not supported yet: --ranks with a quantised KV cache (--kv-bits)")
     split = tuple(opts.split) if opts.split is not None else None
     return RankSpec(opts.parallel, opts.ranks, opts.rank, split)
 

@@ -251,6 +251,7 @@ def op_memory(
     if primitive in (
         "AllGather",  # gathers from a row-contiguous copy of its input
         "QuantizedMatmul",
+        "Quantize",  # fast::Quantize (a quantised KV cache's writes): ensure_row_contiguous
         "GatherQMM",
         "GatherMM",
         "LogSumExp",
