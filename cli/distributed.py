@@ -164,7 +164,7 @@ def _rank_argv(args: argparse.Namespace, reports: str) -> list[str]:
 def launch(args: argparse.Namespace) -> int:
     """``mlx.launch`` the ranks, then judge the run from their reports."""
     from dctms.runner.load import check_runtime
-    from dctms.schema.output import reserve_output
+    from dctms.schema.output import check_output_path, write_output
     from dctms.schema.ranks import read_rank_plans
     from dctms.views.ranks import rank_table
 
@@ -184,11 +184,13 @@ def launch(args: argparse.Namespace) -> int:
         check_runtime(plan)
     if args.rank_timeout <= 0:
         raise DctmsError(f"--rank-timeout must be positive, got {args.rank_timeout}")
-    target = None
-    if args.report is not None:
-        target = reserve_output(args.report, inputs=[folder], label=f"--report {args.report}")
+    label = f"--report {args.report}"
+    if args.report is not None:  # checked before anything runs; written at the end
+        check_output_path(args.report, inputs=[folder], label=label)
     with tempfile.TemporaryDirectory(prefix="dctms-ranks-") as reports:
-        cmd = _launcher() + ["--backend", args.launch_backend]
+        cmd = _launcher()
+        if args.launch_backend or not args.hostfile:
+            cmd += ["--backend", args.launch_backend or "ring"]
         if args.hostfile:
             cmd += ["--hostfile", args.hostfile]
         else:
@@ -213,10 +215,10 @@ def launch(args: argparse.Namespace) -> int:
     print(rank_table(plans, observed), file=sys.stderr)
     if message:
         print(f"dctms run: {message}", file=sys.stderr)
-    if target is not None:
-        with target:
-            doc = {"ranks": args.ranks, "status": status, "message": message, "per_rank": found}
-            target.write((json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    if args.report is not None:
+        doc = {"ranks": args.ranks, "status": status, "message": message, "per_rank": found}
+        data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+        write_output(args.report, data, inputs=[folder], label=label)
     return status
 
 
@@ -266,22 +268,30 @@ def judge(reports: dict[int, dict], ranks: int) -> tuple[int, str]:
 
 # The watcher runs in a process of its own: a rank blocked in a collective (or in joining the ring)
 # is inside MLX's C++ code holding the GIL, where no Python thread or signal handler of its own runs.
+# It fires after ``seconds`` without a heartbeat (a byte on its stdin); end of input cancels it.
 _WATCHER = """
-import json, os, signal, sys, time
+import json, os, select, signal, sys
 seconds, pid, path, rank, message = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
-time.sleep(seconds)
-doc = {"rank": rank, "status": "no_answer", "message": message}
-with open(path + ".tmp", "w") as f:
-    json.dump(doc, f, sort_keys=True)
-os.replace(path + ".tmp", path)
-print("dctms run: rank %d: %s" % (rank, message), file=sys.stderr, flush=True)
-os.kill(pid, signal.SIGKILL)
+while True:
+    ready, _, _ = select.select([0], [], [], seconds)
+    if ready:
+        if not os.read(0, 4096):
+            sys.exit(0)
+        continue
+    doc = {"rank": rank, "status": "no_answer", "message": message}
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f, sort_keys=True)
+    os.replace(path + ".tmp", path)
+    print("dctms run: rank %d: %s" % (rank, message), file=sys.stderr, flush=True)
+    os.kill(pid, signal.SIGKILL)
+    sys.exit(0)
 """
 
 
 class Watchdog:
-    """Bounds each wait for the other ranks: past ``seconds`` a watcher process writes the rank's
-    report ("no_answer", naming what it waited for), says so on stderr and ends the rank."""
+    """Bounds each wait for the other ranks: after ``seconds`` without progress a watcher process
+    writes the rank's report ("no_answer", naming what it waited for), says so on stderr and ends
+    the rank. ``waiting`` yields a heartbeat to call on progress (each generated token)."""
 
     def __init__(self, seconds: float, report_path, rank: int):
         self.seconds, self.path, self.rank = seconds, str(report_path), rank
@@ -292,12 +302,18 @@ class Watchdog:
         watcher = subprocess.Popen(
             [sys.executable, "-c", _WATCHER, str(self.seconds), str(os.getpid()), self.path]
             + [str(self.rank), message],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
         )
+
+        def heartbeat(*_args) -> bool:
+            watcher.stdin.write(b".")
+            watcher.stdin.flush()
+            return True
+
         try:
-            yield
+            yield heartbeat
         finally:
-            watcher.kill()
+            watcher.stdin.close()
             watcher.wait()
 
 
@@ -349,9 +365,10 @@ def run_as_rank(args: argparse.Namespace) -> int:
         report("stopped", message)
         print(f"dctms run: {message}", file=sys.stderr)
         return EXIT_REFUSED
-    with RssSampler() as rss, dog.waiting("generating (a collective of the plan)"):
+    # Bounded per token: a rank that makes no progress for --rank-timeout stops.
+    with RssSampler() as rss, dog.waiting("generating (a collective of the plan)") as beat:
         session = Session(plan, model, verify_hashes=False)
-        gen = session.generate(request)
+        gen = session.generate(request, on_token=beat)
     peak = mx.get_peak_memory()
     env = plan.envelope
     within = peak <= env.provable

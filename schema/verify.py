@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 from dctms.schema import (
     rules_derived,
+    rules_distributed,
     rules_draft,
     rules_graph,
     rules_lengths,
@@ -87,6 +88,7 @@ RULES: dict[str, Rule] = {
     "lengths": rules_lengths.lengths,
     "compile_request": rules_request.compile_request,
     "speculative": rules_draft.speculative,
+    "distributed": rules_distributed.distributed,
 }
 
 

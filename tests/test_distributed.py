@@ -125,6 +125,32 @@ def test_rank_plans_roundtrip_and_show_every_rank(tmp_path, pipeline) -> None:
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_the_verifier_rejects_broken_rank_plans(pipeline, tensor) -> None:
+    from msgspec.structs import replace
+
+    from dctms.schema.verify import verify_plan
+
+    def rules(plan) -> set[str]:
+        return {p.rule for p in verify_plan(plan)}
+
+    assert rules(pipeline[1]) == rules(tensor[0]) == set()
+    r1 = pipeline[1]
+    decode = next(p for p in r1.phases if p.name == "decode")
+    k = next(i for i, op in enumerate(decode.ops) if op.primitive == "Send")
+    ops = list(decode.ops)
+    ops[k] = replace(ops[k], args=[1])  # rank 1 sending to itself
+    broken = replace(r1, phases=[p if p is not decode else replace(p, ops=ops) for p in r1.phases])
+    assert "distributed" in rules(broken)
+    assert "distributed" in rules(replace(r1, distributed=replace(r1.distributed, layers=[0, 2])))
+    t0 = tensor[0]
+    ws = t0.model.weights
+    i = next(i for i, w in enumerate(ws.tensors) if w.shard is not None)
+    bad = list(ws.tensors)
+    bad[i] = replace(bad[i], shard=replace(bad[i].shard, index=2))
+    broken = replace(t0, model=replace(t0.model, weights=replace(ws, tensors=bad)))
+    assert "distributed" in rules(broken)
+
+
 def test_a_marker_that_is_not_its_collective_is_an_internal_error() -> None:
     t = {i: TracedTensor(i, (1, 4), "float32") for i in ("x", "tag", "y")}
     phase = TracedPhase(

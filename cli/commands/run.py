@@ -64,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     dist.add_argument("--hostfile", metavar="FILE", help="mlx.launch hostfile (several machines)")
     dist.add_argument(
-        "--backend", dest="launch_backend", default="ring", help="mlx.launch backend (ring)"
+        "--backend",
+        dest="launch_backend",
+        help="mlx.launch backend (default ring; with --hostfile, the hostfile's own)",
     )
     dist.add_argument(
         "--rank-timeout",
