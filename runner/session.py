@@ -30,9 +30,7 @@ from dctms.schema.model_folder import ModelFolder
 from dctms.schema.types import Plan, Scratch
 
 
-def check_allocation(
-    plan: Plan, weights: dict[str, mx.array], state: dict[str, mx.array]
-) -> None:
+def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, mx.array]) -> None:
     """The arrays this session allocated hold every index a valid request makes the runner feed:
     token ids below ``model.vocab_size`` into the embedding rows, and write positions into the KV
     state up to the padded prompt and N + M - 1. Checked against the arrays themselves, not the
@@ -67,7 +65,8 @@ def check_allocation(
         for w in writes:
             shape = state[w.state].shape if w.state in state else ()
             size = shape[w.axis] if w.axis < len(shape) else 0
-            end = last_start[phase.name] + w.extent
+            # a sliding-window ring: position mod slots, never wrapping (the verifier's rule)
+            end = w.modulus if w.modulus is not None else last_start[phase.name] + w.extent
             if end > size:
                 raise DctmsError(
                     f"{phase.name} writes {w.state} up to position {end}, but the array "

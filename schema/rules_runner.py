@@ -98,7 +98,10 @@ def quantized_start(ix: PlanIndex) -> Iterator[Finding]:
     if plan.bounds.kv.bits is not None and not has and runnable(plan):
         yield "$.phases", "a quantised KV cache needs the prefill_start phase (its first call)"
     if plan.bounds.kv.bits is None and has:
-        yield "$.phases", "prefill_start is the first call of a quantised KV cache, but bounds.kv has no bits"
+        yield (
+            "$.phases",
+            "prefill_start is the first call of a quantised KV cache, but bounds.kv has no bits",
+        )
 
 
 def vocabulary(ix: PlanIndex) -> Iterator[Finding]:
@@ -139,19 +142,66 @@ def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
         for w in writes:
             where = px.op_path(w.op_position)
             if w.extent > px.phase.tokens:
-                yield where, (
-                    f"writes {w.extent} positions of {w.state!r} per call, "
-                    f"more than the phase's {px.phase.tokens} tokens"
+                yield (
+                    where,
+                    (
+                        f"writes {w.extent} positions of {w.state!r} per call, "
+                        f"more than the phase's {px.phase.tokens} tokens"
+                    ),
                 )
             target = state.get(w.state)
             if target is None:
                 continue  # the bindings rule reports it
             size = target.shape[w.axis] if w.axis < len(target.shape) else 0
-            if size < capacity:
-                yield where, (
-                    f"writes {w.state!r} along axis {w.axis} of size {size}, "
-                    f"smaller than bounds.kv_capacity {capacity}"
+            if w.modulus is not None or target.window is not None:
+                yield from _ring_write(px, w, target, size, plan.bounds.prefill_chunk)
+            elif size < capacity:
+                yield (
+                    where,
+                    (
+                        f"writes {w.state!r} along axis {w.axis} of size {size}, "
+                        f"smaller than bounds.kv_capacity {capacity}"
+                    ),
                 )
+
+
+# The phases whose calls start at a multiple of bounds.prefill_chunk (the runner's prompt pieces).
+CHUNK_ALIGNED = ("prefill", "prefill_start")
+
+
+def _ring_write(px, w, target, size: int, chunk: int) -> Iterator[Finding]:
+    """A sliding-window ring is written at ``position mod window.slots`` and the write never wraps:
+    one position per call, or a prompt piece (starting at a multiple of the chunk) in a ring that
+    is a whole number of chunks."""
+    where = px.op_path(w.op_position)
+    ring = target.window
+    if ring is None:
+        yield where, f"writes {w.state!r} modulo {w.modulus}, but the state has no window"
+        return
+    if w.modulus != ring.slots:
+        yield (
+            where,
+            (
+                f"writes ring {w.state!r} at the position"
+                + (f" modulo {w.modulus}" if w.modulus is not None else "")
+                + f", not modulo its {ring.slots} slots"
+            ),
+        )
+        return
+    if size < ring.slots:
+        yield (
+            where,
+            f"ring {w.state!r} has {size} positions along axis {w.axis}, fewer than its {ring.slots} slots",
+        )
+    aligned = px.phase.name in CHUNK_ALIGNED and ring.slots % chunk == 0
+    if w.extent > 1 and not aligned:
+        yield (
+            where,
+            (
+                f"writes {w.extent} positions of ring {w.state!r} per call where a write may wrap "
+                f"(slots {ring.slots}, prefill_chunk {chunk}, phase {px.phase.name})"
+            ),
+        )
 
 
 INT32_MAX = 2**31 - 1

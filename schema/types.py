@@ -147,6 +147,15 @@ class Target(_Base):
     allocator_slack: Int = 0
 
 
+class SlidingWindow(_Base):
+    """A sliding-window layer's cache as a ring (mlx-lm's ``RotatingKVCache``, keep 0): position p
+    is written at slot ``p mod slots``, and attention sees the last ``window`` positions.
+    ``slots`` is a multiple of ``bounds.prefill_chunk`` and at least ``window - 1 + chunk``."""
+
+    window: Positive
+    slots: Positive
+
+
 class StateTensor(_Base):
     """Memory that lives across steps, allocated once at plan capacity (KV cache, ...)."""
 
@@ -155,6 +164,7 @@ class StateTensor(_Base):
     shape: Shape
     dtype: Name
     bytes: ByteCount
+    window: SlidingWindow | None = None  # a ring of ``window.slots`` positions, not kv_capacity
 
 
 class Binding(_Base):

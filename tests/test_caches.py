@@ -243,8 +243,141 @@ def test_readme_lists_every_mlx_lm_cache_class() -> None:
 
 
 def test_a_refused_cache_says_which_and_why(tmp_path: Path) -> None:
-    cfg = {**BASE, "model_type": "gemma3_text", "sliding_window": 16, "sliding_window_pattern": 2}
-    cfg.update(head_dim=32, query_pre_attn_scalar=32)
+    cfg = {
+        "model_type": "mamba",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "state_size": 8,
+        "num_hidden_layers": 2,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": 4,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DctmsError, match="RotatingKVCache: sliding-window layers"):
+    with pytest.raises(DctmsError, match="ArraysCache: recurrent state"):
         compile_plan(open_model(tmp_path), CompileOptions(16, 8))
+
+
+# ------------------------------------------------------------------ sliding-window (rotating) caches
+
+WINDOW = 16
+RING_MODELS = {
+    "gemma3-f32": {
+        "model_type": "gemma3_text",
+        "torch_dtype": "float32",
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": WINDOW,
+        "sliding_window_pattern": 2,
+        "num_hidden_layers": 4,
+    },
+    "olmo3-bf16": {
+        "model_type": "olmo3",
+        "torch_dtype": "bfloat16",
+        "sliding_window": WINDOW,
+        "num_hidden_layers": 4,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def ring_built(tmp_path_factory):
+    from mlx_lm.utils import load_model
+
+    from dctms.schema.io import write_plan
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(f"ring-{name}")
+            write_tiny_model(folder, {**BASE, **RING_MODELS[name]}, seed=7)
+            plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
+            write_plan(plan, folder / "model.plan")
+            cache[name] = (folder, plan, folder / "model.plan", load_model(folder)[0])
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=() if i == 0 else pytest.mark.slow) for i, n in enumerate(RING_MODELS)],
+)
+def test_sliding_window_layers_are_rings_of_mlx_lms_bytes(ring_built, name) -> None:
+    from dctms.toolkit.caches import ring_slots
+
+    _, plan, _, model = ring_built(name)
+    assert verify_plan(plan) == []
+    _, cache = mlx_lm_generate(model, prompt_ids(20), 4)
+    kinds = [type(c).__name__ for c in cache]
+    assert set(kinds) == {"KVCache", "RotatingKVCache"}
+    slots = ring_slots(WINDOW, CHUNK)
+    assert slots == 32 < plan.bounds.kv_capacity
+    expected = 0
+    for i, c in enumerate(cache):
+        per_position = c.nbytes // c.keys.shape[2]  # mlx-lm's own bytes per cached position
+        ring = kinds[i] == "RotatingKVCache"
+        expected += per_position * (slots if ring else plan.bounds.kv_capacity)
+        keys = next(s for s in plan.state if s.name == f"kv.{i}.keys")
+        assert (keys.window is not None) == ring
+        if ring:
+            assert (keys.window.window, keys.window.slots, keys.shape[2]) == (WINDOW, slots, slots)
+            assert c.max_size == WINDOW and c.keep == 0
+    assert plan.envelope.kv == expected
+
+
+RING_CASES = [(m, p) for m in RING_MODELS for p in (5, CHUNK, 50, N)]
+
+
+@pytest.mark.parametrize(
+    ("name", "length"),
+    [
+        pytest.param(m, p, id=f"{m}-{p}", marks=() if (m, p) == RING_CASES[3] else pytest.mark.slow)
+        for m, p in RING_CASES
+    ],
+)
+def test_runner_matches_mlx_lm_past_the_window(ring_built, name, length, tmp_path) -> None:
+    """Prompts shorter and longer than the window; N + K positions wrap the 32-slot ring twice."""
+    folder, _, path, model = ring_built(name)
+    prompt = prompt_ids(length)
+    expected, _ = mlx_lm_generate(model, prompt, K)
+    assert len(set(expected)) >= 4, f"degenerate reference: {expected}"
+    proc = run_plan(path, folder, prompt, K, tmp_path / "report.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tokens"] == expected
+    assert report["within_envelope"], report["observed"]
+    print(f"{name} L={length}: provable/observed {report['envelope_over_observed']:.4f}")
+
+
+def test_the_window_changes_the_reference(ring_built) -> None:
+    """Not vacuous: the same weights with a window wider than N + M give other ids."""
+    from mlx_lm.utils import load_model
+
+    folder, *_, model = ring_built("gemma3-f32")
+    wide = {**BASE, **RING_MODELS["gemma3-f32"], "sliding_window": 512}
+    other = folder.parent / "wide"
+    other.mkdir(exist_ok=True)
+    (other / "config.json").write_text(json.dumps(wide))
+    (other / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    windowed, _ = mlx_lm_generate(model, prompt_ids(N), K)
+    full, _ = mlx_lm_generate(load_model(other)[0], prompt_ids(N), K)
+    assert windowed != full
+
+
+def test_a_ring_written_off_its_slots_is_rejected(ring_built) -> None:
+    from msgspec.structs import replace
+
+    _, plan, _, _ = ring_built("gemma3-f32")
+    state = [
+        replace(s, window=replace(s.window, slots=48)) if s.window is not None else s
+        for s in plan.state
+    ]
+    problems = verify_plan(replace(plan, state=state))
+    assert any(
+        p.rule == "state_capacity" and "not modulo its 48 slots" in p.message for p in problems
+    )

@@ -524,6 +524,7 @@ CASES: list[tuple[str, str, Break]] = [
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
     ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),
     ("state_capacity", "cache written at a constant", lambda p: _state_written_at(p, "c_half")),
+    ("state_capacity", "a ring written at the position", lambda p: _ring(p, slots=16)),
     ("op_arguments", "a shape of 10^12", lambda p: op(p, 1, args=[[10**12, 8]])),
     # re-derived figures (schema/rules_derived.py); the first two only for runnable plans
     ("persistent_state", "no persistent state", lambda p: _with_prefill(p)),
@@ -584,6 +585,14 @@ def _with_prefill(plan: Plan) -> Plan:
 def _no_dynamic_scratch(plan: Plan) -> Plan:
     plan = op(plan, 3, scratch=0)
     return phase(plan, tensors=[t for t in P0(plan).tensors if t.id != "scratch.3"])
+
+
+def _ring(plan: Plan, slots: int) -> Plan:
+    """The cache declared a sliding-window ring (its writes stay at the plain position)."""
+    from dctms.schema.types import SlidingWindow
+
+    state = [replace(s, window=SlidingWindow(window=4, slots=slots)) for s in plan.state]
+    return replace(plan, state=state)
 
 
 def _state_written_at(plan: Plan, index_id: str) -> Plan:

@@ -40,9 +40,10 @@ QUANT_PARTS = ("", ".scales", ".biases")  # packed words, scales, biases (mx.qua
 # line that says why it is refused. README's "Caches" table is tested against this.
 CACHE_SUPPORT: dict[str, str] = {
     "KVCache": "planned: a static cache of N + M (+ padded prompt) positions",
-    "QuantizedKVCache": "planned with --kv-bits 4|8 --kv-group-size 32|64|128 "
+    "QuantizedKVCache": "planned with --kv-bits 4 or 8, --kv-group-size 32, 64 or 128 "
     "(--quantized-kv-start 0 only)",
-    "RotatingKVCache": "refused: sliding-window layers are not planned yet",
+    "RotatingKVCache": "planned with keep 0 (sliding-window layers: gemma3_text, olmo3, ...): "
+    "a ring of the window + one chunk",
     "ChunkedKVCache": "refused: chunked attention (llama4) is not planned yet",
     "ArraysCache": "refused: recurrent state (mamba, mamba2, hybrids) is not planned yet",
     "ConcatenateKVCache": "refused: a growing concatenated cache is not planned yet",
@@ -50,25 +51,40 @@ CACHE_SUPPORT: dict[str, str] = {
 }
 
 
-def check_cache_support(model) -> int:
-    """Number of layers with a standard KV cache; refuse models whose ``make_cache`` needs others,
-    naming each cache class and why (``CACHE_SUPPORT``)."""
-    from mlx_lm.models.cache import KVCache
+def check_cache_support(model) -> list[int | None]:
+    """Each layer's sliding window (None: a full KV cache), from the model's ``make_cache``; refuse
+    caches that are not planned, naming each class and why (``CACHE_SUPPORT``)."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-    if hasattr(model, "make_cache"):
-        caches = model.make_cache()
-        kinds = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
-        if kinds:
-            arch = getattr(model, "model_type", None) or "model"
-            why = "; ".join(
-                f"{k}: {CACHE_SUPPORT.get(k, 'refused: an unknown cache class').split(': ', 1)[1]}"
-                for k in kinds
-            )
-            raise DctmsError(f"not supported yet: {arch} needs {why}")
-        return len(caches)
-    if not hasattr(model, "layers"):
-        raise DctmsError("not supported yet: model exposes no .layers to size its KV cache")
-    return len(model.layers)
+    if not hasattr(model, "make_cache"):
+        if not hasattr(model, "layers"):
+            raise DctmsError("not supported yet: model exposes no .layers to size its KV cache")
+        return [None] * len(model.layers)
+    caches = model.make_cache()
+    arch = getattr(model, "model_type", None) or "model"
+    kinds = sorted(
+        {type(c).__name__ for c in caches if type(c) not in (KVCache, RotatingKVCache)}
+    )
+    if kinds:
+        why = "; ".join(
+            f"{k}: {CACHE_SUPPORT.get(k, 'refused: an unknown cache class').split(': ', 1)[1]}"
+            for k in kinds
+        )
+        raise DctmsError(f"not supported yet: {arch} needs {why}")
+    kept = sorted({c.keep for c in caches if type(c) is RotatingKVCache and c.keep})
+    if kept:
+        raise DctmsError(
+            f"not supported yet: {arch} keeps {kept[0]} tokens in its RotatingKVCache "
+            "(only keep 0 is planned)"
+        )
+    return [c.max_size if type(c) is RotatingKVCache else None for c in caches]
+
+
+def ring_slots(window: int, chunk: int) -> int:
+    """Slots of a sliding-window layer's ring: a whole number of prompt chunks (so a chunk, which
+    starts at a multiple of the chunk, never wraps) holding the window - 1 positions a chunk's first
+    token still sees plus the chunk itself."""
+    return -(-(window - 1) // chunk) * chunk + chunk
 
 
 @dataclass(frozen=True)
@@ -133,27 +149,59 @@ def check_kv_quantization(q: KVQuantization, kv: KVLayout) -> None:
 
 
 @dataclass(frozen=True)
+class Ring:
+    """A sliding-window layer's static cache: position p lives in slot p mod ``slots``; attention
+    sees the last ``window`` positions (mlx-lm's ``RotatingKVCache(max_size=window, keep=0)``)."""
+
+    window: int
+    slots: int
+
+
+def rings_for(windows: list[int | None], chunk: int, capacity: int) -> list[Ring | None]:
+    """The ring of each sliding-window layer whose ring is smaller than the full cache; a window
+    that the full cache holds anyway stays a full cache, masked to the window."""
+    out: list[Ring | None] = []
+    for w in windows:
+        slots = ring_slots(w, chunk) if w is not None else None
+        out.append(Ring(w, slots) if slots is not None and slots < capacity else None)
+    return out
+
+
+@dataclass(frozen=True)
 class StateArray:
     name: str
     shape: tuple[int, ...]
     dtype: mx.Dtype
+    ring: Ring | None = None
 
 
 class StateLayout:
     """The state arrays of one model's static cache (names, shapes, dtypes, in binding order) and
     the per-layer cache objects a traced call uses."""
 
-    def __init__(self, kv: KVLayout, capacity: int, quant: KVQuantization | None = None):
+    def __init__(
+        self,
+        kv: KVLayout,
+        capacity: int,
+        quant: KVQuantization | None = None,
+        rings: list[Ring | None] | None = None,
+    ):
         if quant is not None:
             check_kv_quantization(quant, kv)
         self.kv, self.capacity, self.quant = kv, capacity, quant
+        # A sliding-window layer's ring (None: the layer keeps every position).
+        self.rings = rings or [None] * len(kv.keys)
+        if quant is not None and any(self.rings):
+            raise DctmsError("--kv-bits: a quantised sliding-window cache is not planned yet")
         dtype = getattr(mx, kv.dtype)
         arrays: list[StateArray] = []
         for i in range(len(kv.keys)):
+            ring = self.rings[i]
             for part, (b, h, _, d) in (("keys", kv.keys[i]), ("values", kv.values[i])):
                 name = f"kv.{i}.{part}"
                 if quant is None:
-                    arrays.append(StateArray(name, (b, h, capacity, d), dtype))
+                    size = ring.slots if ring else capacity
+                    arrays.append(StateArray(name, (b, h, size, d), dtype, ring))
                     continue
                 words = d * quant.bits // 32
                 groups = d // quant.group_size
@@ -173,10 +221,14 @@ class StateLayout:
     def caches(self, kw: dict, position: mx.array, window: int, phase: str) -> list:
         """The cache object of every layer, over the state arrays in ``kw``."""
         if self.quant is None:
-            return [
-                StaticKVCache(kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"], position, window)
-                for i in range(self.num_layers)
-            ]
+            out = []
+            for i, ring in enumerate(self.rings):
+                k, v = kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"]
+                if ring is None:
+                    out.append(StaticKVCache(k, v, position, window))
+                else:
+                    out.append(RingKVCache(k, v, position, ring))
+            return out
         kind = FirstChunkQuantizedCache if phase == PREFILL_START else StaticQuantizedKVCache
         return [
             kind(
@@ -262,3 +314,34 @@ class FirstChunkQuantizedCache(_QuantizedWrites):
         if window_size is not None:
             mask = mask & (queries < keys + window_size)
         return mask
+
+
+class RingKVCache:
+    """mlx-lm's ``RotatingKVCache(max_size=W, keep=0)`` as a fixed ring (``Ring``): a call's keys
+    and values are written at ``position mod slots`` (a chunk never wraps: it starts at a multiple
+    of the chunk, and the ring is a whole number of chunks); attention reads every slot, masked to
+    the positions it holds that lie in the query's window (q - W, q] -- the set mlx-lm's buffer
+    holds and its sliding mask lets through."""
+
+    def __init__(self, keys: mx.array, values: mx.array, position: mx.array, ring: Ring):
+        self.keys, self.values, self.offset, self.ring = keys, values, position, ring
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        start = mx.remainder(self.offset, self.ring.slots).reshape(1)
+        self.keys = mx.slice_update(self.keys, k, start, axes=(2,))
+        self.values = mx.slice_update(self.values, v, start, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        queries = self.offset + mx.arange(n)
+        last = mx.max(queries)  # the last position this call writes
+        # the position each slot holds once this call has written: the latest p <= last in it
+        held = last - mx.remainder(last - mx.arange(self.ring.slots), self.ring.slots)
+        q, held = queries[:, None], held[None]
+        return (held >= 0) & (held <= q) & (held > q - self.ring.window)
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def empty(self) -> bool:
+        return False

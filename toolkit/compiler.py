@@ -38,6 +38,7 @@ from dctms.schema.types import (
     Plan,
     Quantization,
     Scratch,
+    SlidingWindow,
     StateTensor,
     Stats,
     SyncPoint,
@@ -303,16 +304,22 @@ def trace_source(
         say(f"rank {opts.rank} of {opts.ranks} ({opts.parallel}): layers {rank.layers}")
         if ranked is not None:
             ranked.append(rank)
-    num_layers = caches.check_cache_support(model)
+    windows = caches.check_cache_support(model)
+    num_layers = len(windows)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
     quant = caches.kv_quantization(opts)
+    rings = caches.rings_for(windows, chunk, capacity)
     if rank is None:
-        tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant)
+        tracer = PhaseTracer(
+            model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
+        )
     else:
-        tracer = rank.tracer(num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant)
+        tracer = rank.tracer(
+            num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
+        )
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
@@ -389,7 +396,14 @@ def _candidates(name: str, lf: LengthFit | None, input_tokens: int) -> list[tupl
 def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
     """The KV cache (the decode phase's state inputs) and the runner's persistent byte blocks."""
     kv = [
-        StateTensor(b.name, "kv", list(b.shape), b.dtype, nbytes(b.shape, b.dtype))
+        StateTensor(
+            b.name,
+            "kv",
+            list(b.shape),
+            b.dtype,
+            nbytes(b.shape, b.dtype),
+            window=SlidingWindow(*traced.rings[b.name]) if b.name in traced.rings else None,
+        )
         for b in traced.phase("decode").inputs
         if b.kind == "state"
     ]

@@ -105,9 +105,10 @@ class Rank:
     def __post_init__(self) -> None:
         self.recorder = CollectiveRecorder(self.spec.ranks)
 
-    def tracer(self, num_layers: int, *, batch: int, capacity: int, kv_quant=None) -> RankTracer:
+    def tracer(self, num_layers: int, *, batch: int, capacity: int, **cache) -> RankTracer:
+        """``cache``: PhaseTracer's cache options (kv_quant, rings), passed through."""
         return RankTracer(
-            self.model, num_layers, batch=batch, capacity=capacity, kv_quant=kv_quant, rank=self
+            self.model, num_layers, batch=batch, capacity=capacity, rank=self, **cache
         )
 
     def headers(self, headers: list[HeaderTensor] | None) -> list[HeaderTensor] | None:
@@ -346,12 +347,12 @@ class RankTracer(PhaseTracer):
     """``PhaseTracer`` for one rank: collectives traced as markers, then rewritten into ops."""
 
     def __init__(
-        self, model: nn.Module, num_layers: int, *, batch: int, capacity: int, kv_quant, rank: Rank
+        self, model: nn.Module, num_layers: int, *, batch: int, capacity: int, rank: Rank, **cache
     ):
         self.rank = rank
         rec = rank.recorder
         with rec.active(probing=True):  # the cache probe is a plain call: it counts the collectives
-            super().__init__(model, num_layers, batch=batch, capacity=capacity, kv_quant=kv_quant)
+            super().__init__(model, num_layers, batch=batch, capacity=capacity, **cache)
         # Passed to the exporter with the state (as keywords); never a weight of the plan.
         self.state = {**self.state, **rec.tag_inputs()}
 

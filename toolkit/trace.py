@@ -89,6 +89,8 @@ class Traced:
     kv: KVLayout
     num_layers: int
     vocab_size: int
+    # state name -> (window, slots) of a sliding-window layer's ring (see toolkit.caches)
+    rings: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def phase(self, name: str) -> TracedPhase:
         """The traced phase called ``name`` ("prefill" or "decode")."""
@@ -287,7 +289,14 @@ class PhaseTracer:
     ``decode(window)``; each call is one ``mx.export_function`` of the model's real code."""
 
     def __init__(
-        self, model: nn.Module, num_layers: int, *, batch: int, capacity: int, kv_quant=None
+        self,
+        model: nn.Module,
+        num_layers: int,
+        *,
+        batch: int,
+        capacity: int,
+        kv_quant=None,
+        rings=None,
     ):
         from dctms.toolkit.caches import StateLayout  # it builds on this module's cache classes
 
@@ -298,7 +307,8 @@ class PhaseTracer:
         }
         self.kv = probe_kv(model, num_layers, batch)
         # ``kv_quant``: a caches.KVQuantization (mlx-lm's kv_bits etc.), None for a plain cache.
-        self.layout = StateLayout(self.kv, capacity, kv_quant)
+        # ``rings``: each layer's caches.Ring (a sliding window), None for a full cache.
+        self.layout = StateLayout(self.kv, capacity, kv_quant, rings)
         self.state = {a.name: _zero_cost(a.shape, a.dtype) for a in self.layout.arrays}
 
     def _step(self, tokens, position, last_index, window: int, kw: dict, phase: str) -> tuple:
@@ -347,7 +357,8 @@ class PhaseTracer:
         ]
         decode = next(p for p in phases if p.name == "decode")
         vocab = _vocab_size(self.model, decode)
-        return Traced(phases, weight_bindings, self.kv, self.num_layers, vocab)
+        rings = {a.name: (a.ring.window, a.ring.slots) for a in self.layout.arrays if a.ring}
+        return Traced(phases, weight_bindings, self.kv, self.num_layers, vocab, rings)
 
 
 def trace_model(
