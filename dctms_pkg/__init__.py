@@ -94,6 +94,8 @@ def compile_plan(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    token_step: int | None = None,
+    window_step: int | None = None,
     ranks: int = 1,
     rank: int = 0,
     parallel: Literal["pipeline", "tensor"] | None = None,
@@ -109,10 +111,11 @@ def compile_plan(
     when M_max does not fit). The other options are ``dctms compile``'s (see its ``--help``).
     ``pack_seconds`` is the offset packer's search budget (a fixed amount of work, so the plan
     does not depend on the machine). ``real_lengths=False`` leaves out the length points the runner
-    runs short calls at (fixed, padded phases; the envelope is the same). ``ranks`` > 1 with
-    ``parallel`` compiles rank ``rank`` of the model split by mlx-lm's ``pipeline`` (``split``: layers
-    per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every rank's.
-    ``progress`` receives one line per compiler pass. Weights are never loaded.
+    runs short calls at (fixed, padded phases; the envelope is the same); ``token_step`` and
+    ``window_step`` set their grid (``dctms compile --token-step/--window-step``). ``ranks`` > 1
+    with ``parallel`` compiles rank ``rank`` of the model split by mlx-lm's ``pipeline`` (``split``:
+    layers per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every
+    rank's. ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan as _compile
@@ -134,6 +137,8 @@ def compile_plan(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        token_step=token_step,
+        window_step=window_step,
         ranks=ranks,
         rank=rank,
         parallel=parallel,
@@ -189,6 +194,8 @@ def fit(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    token_step: int | None = None,
+    window_step: int | None = None,
     ranks: int = 1,
     rank: int = 0,
     parallel: Literal["pipeline", "tensor"] | None = None,
@@ -233,6 +240,8 @@ def fit(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        token_step=token_step,
+        window_step=window_step,
         ranks=ranks,
         rank=rank,
         parallel=parallel,

@@ -29,8 +29,10 @@ OPTIONAL_INPUTS = {
     "prefill_start": ("tokens", "position", "last_index"),
 }
 RESULT = "next_token"
-# What a vision-language plan's prefill is fed besides (see ``rules_vision``).
-VISION_PREFILL_INPUTS = ("image_features", "image_rows")
+# What a vision-language plan's text phases are fed besides (see ``rules_vision``): the features
+# table and each position's row in it; with 3-axis rotary positions (``vision.mrope``) those too.
+VISION_INPUTS = {"prefill": ("image_features", "image_rows"), "decode": ()}
+MROPE_INPUTS = ("rope_positions",)
 
 
 def runnable(plan) -> bool:
@@ -51,8 +53,8 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
         fed = RUNNER_INPUTS.get(phase.name) or OPTIONAL_INPUTS.get(phase.name)
         if fed is None:
             continue  # not executed by the runner (a vision phase: see rules_vision)
-        if phase.name == "prefill" and plan.vision is not None:
-            fed = fed + VISION_PREFILL_INPUTS
+        if plan.vision is not None:
+            fed = fed + VISION_INPUTS[phase.name] + (MROPE_INPUTS if plan.vision.mrope else ())
         given = [b.name for b in phase.inputs if b.kind == "input"]
         for k, b in enumerate(phase.inputs):
             where = f"{px.path}.inputs[{k}]"

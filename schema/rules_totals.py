@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dctms.schema.fingerprint import layout_sha256
 from dctms.schema.phase_index import PlanIndex
 from dctms.schema.sizes import is_arena_tenant
+from dctms.schema.vision_bytes import transient_bytes
 
 Finding = tuple[str, str]
 
@@ -110,7 +111,9 @@ def bindings(ix: PlanIndex) -> Iterator[Finding]:
                                 f"tensor {b.id!r} is {tensor.shape} {tensor.dtype}, binding says {b.shape} {b.dtype}"
                             ),
                         )
-                    if tensor.kind != b.kind:
+                    # a recurrent state is a fresh array every call: an arena tenant until the end
+                    fresh = b.kind == "state" and tensor.kind == "output"
+                    if tensor.kind != b.kind and not (fresh and _recurrent(state.get(b.name))):
                         yield where, f"binds tensor {b.id!r} of kind {tensor.kind!r} as {b.kind!r}"
         bound = {b.id for b in px.phase.outputs}
         for i, t in enumerate(px.phase.tensors):
@@ -119,6 +122,10 @@ def bindings(ix: PlanIndex) -> Iterator[Finding]:
                     f"{px.tensor_path(i)}.kind",
                     f"a tensor of kind {t.kind!r} must be named in the phase outputs",
                 )
+
+
+def _recurrent(state) -> bool:
+    return state is not None and state.recurrent
 
 
 def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
@@ -139,11 +146,15 @@ def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
         where = f"$.envelope.parts[{env.parts.index(own)}]" if own is not None else ""
     if own is None:
         return
-    largest = max((p.arena_bytes + p.slack_bytes for p in plan.phases), default=0)
+    # A vision call's own inputs (pixel values) live only during the call: counted with its arena.
+    largest = max(
+        (p.arena_bytes + p.slack_bytes + transient_bytes(plan, p) for p in plan.phases), default=0
+    )
     if own.intermediate != largest:
         yield (
             f"{where}.intermediate",
-            f"{own.intermediate}, but the largest phase arena plus allocator slack is {largest}",
+            f"{own.intermediate}, but the largest phase arena plus allocator slack (plus a vision "
+            f"call's inputs) is {largest}",
         )
     for name in STATE_KINDS:
         total = sum(s.bytes for s in plan.state if s.kind == name)

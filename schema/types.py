@@ -165,6 +165,9 @@ class StateTensor(_Base):
     dtype: Name
     bytes: ByteCount
     window: SlidingWindow | None = None  # a ring of ``window.slots`` positions, not kv_capacity
+    # A recurrent layer's state (mlx-lm's ArraysCache): replaced by every call, so the runner
+    # feeds prompts in whole chunks and single tokens (never padded)
+    recurrent: bool = False
 
 
 class Binding(_Base):
@@ -403,6 +406,9 @@ class CompileRequest(_Base):
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
+    # The length grid's steps as given (None: the compiler's defaults, 16 tokens / 32 positions).
+    token_step: Positive | None = None
+    window_step: Positive | None = None
     # mlx-lm's kv_bits / kv_group_size / quantized_kv_start (None bits: a float KV cache)
     kv_bits: Positive | None = None
     kv_group_size: Positive = 64
@@ -443,13 +449,27 @@ class Stream(_Base):
     mlx_stream: Int = 0
 
 
+class VisionVariant(_Base):
+    """One image size the plan has a vision phase for (after the model's own preprocessing).
+
+    A fixed-resolution tower has one; a dynamic-resolution one (the image size decides the patch
+    count) has one per size up to the bound, each phase traced and planned at that size."""
+
+    phase: Name  # the vision phase that encodes an image of this size
+    height: Positive
+    width: Positive
+    tokens: Positive  # feature rows (image tokens) an image of this size fills
+    pixel_shape: Shape  # its pixel_values array, as the family's processor makes it
+
+
 class Vision(_Base):
     """A vision-language plan: its image bounds and the features table the images fill.
 
-    Each image runs the ``vision`` phase once and fills ``tokens_per_image`` rows of the
-    ``image_features`` table (``feature_rows`` = ``images`` x ``tokens_per_image``); prefill reads
-    the rows of its image-token positions (input ``image_rows``). Only the table outlives the
-    vision phase."""
+    Image k runs the vision phase of its size (``variants``) once and fills rows from
+    ``k * tokens_per_image`` of the ``image_features`` table (``feature_rows`` = ``images`` x
+    ``tokens_per_image``, the most tokens of any variant); prefill reads the rows of its
+    image-token positions (input ``image_rows``). Only the table outlives the vision phase.
+    ``mrope``: the text phases take 3-axis rotary positions (input ``rope_positions``)."""
 
     family: Name  # mlx-vlm model_type, e.g. "gemma3"
     resolution: Literal["fixed", "dynamic"]
@@ -459,8 +479,9 @@ class Vision(_Base):
     feature_rows: Positive
     hidden_size: Positive
     image_token_id: Int
-    pixel_shape: Shape  # the pixel_values array of one image at the bound
+    variants: list[VisionVariant]
     streams: list[Stream]
+    mrope: bool = False
 
 
 class Draft(_Base):

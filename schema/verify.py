@@ -38,6 +38,7 @@ from dctms.schema import (
     rules_request,
     rules_runner,
     rules_totals,
+    rules_vision,
 )
 from dctms.schema.draft import DRAFT, draft_view, part
 from dctms.schema.errors import Problem
@@ -88,6 +89,7 @@ RULES: dict[str, Rule] = {
     "lengths": rules_lengths.lengths,
     "compile_request": rules_request.compile_request,
     "speculative": rules_draft.speculative,
+    "vision": rules_vision.vision_plan,
     "distributed": rules_distributed.distributed,
 }
 

@@ -537,6 +537,9 @@ CASES: list[tuple[str, str, Break]] = [
      lambda p: nested(p, "envelope", parts=[EnvelopePart("target", 256, 256, 0, 128)])),  # fmt: skip
     ("speculative", "a verify phase without a draft",
      lambda p: replace(p, phases=[P0(p), replace(P0(p), name="verify")])),  # fmt: skip
+    # vision-language plans (schema/rules_vision.py; tests/test_vision.py breaks real plans)
+    ("vision", "a vision phase without a vision section",
+     lambda p: replace(p, phases=[P0(p), replace(P0(p), name="vision")])),  # fmt: skip
     # a rank's plan (schema/rules_distributed.py; tests/test_distributed.py breaks real ones)
     ("distributed", "a collective op in a one-process plan",
      lambda p: op(p, 2, primitive="AllReduce", args=["sum"], inputs=["t1"])),  # fmt: skip
