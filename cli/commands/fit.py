@@ -155,6 +155,8 @@ def _run(args: argparse.Namespace, target) -> int:
         )
     source = open_model(args.model)
     kind = plan_kind(args)
+    if args.ranks > 1 and kind.name != "text":
+        raise DctmsError(f"not supported yet: fit --ranks of a {kind.name} plan")
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
     cap_reason = (
