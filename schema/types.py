@@ -154,6 +154,9 @@ class SlidingWindow(_Base):
 
     window: Positive
     slots: Positive
+    # tokens mlx-lm's RotatingKVCache keeps at the start (4 with --max-kv-size); their arrays are
+    # the state named "<ring>.keep" (keep slots, then keep sink slots)
+    keep: Int = 0
 
 
 class StateTensor(_Base):
@@ -413,6 +416,7 @@ class CompileRequest(_Base):
     kv_bits: Positive | None = None
     kv_group_size: Positive = 64
     quantized_kv_start: Int = 0
+    max_kv_size: Positive | None = None  # mlx-lm's max_kv_size (rotating caches keeping 4 tokens)
     # One rank of a distributed model (see Distributed): ranks > 1 with parallel and rank.
     ranks: Positive = 1
     rank: Int = 0

@@ -120,6 +120,9 @@ class CompileOptions:
     kv_bits: int | None = None
     kv_group_size: int = 64
     quantized_kv_start: int = 0
+    # mlx-lm's max_kv_size: every layer a RotatingKVCache(max_kv_size, keep=4) (models without
+    # their own make_cache, as mlx-lm); None: the full cache.
+    max_kv_size: int | None = None
     # One rank of a model split over ``ranks`` processes by mlx-lm (toolkit.distributed).
     ranks: int = 1
     rank: int = 0
@@ -312,7 +315,7 @@ def trace_source(
         say(f"rank {opts.rank} of {opts.ranks} ({opts.parallel}): layers {rank.layers}")
         if ranked is not None:
             ranked.append(rank)
-    windows = caches.check_cache_support(model)
+    windows = caches.check_cache_support(model, opts.max_kv_size)
     num_layers = len(windows)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)

@@ -468,8 +468,11 @@ def rank_spec(opts) -> RankSpec:
     """The rank a ``CompileOptions`` asks for."""
     if opts.parallel is None:
         raise DctmsError(f"--ranks {opts.ranks} needs --parallel {' or '.join(PARALLEL_MODES)}")
-    if getattr(opts, "kv_bits", None) is not None:
-        raise DctmsError("not supported yet: --ranks with a quantised KV cache (--kv-bits)")
+    if getattr(opts, "kv_bits", None) is not None or getattr(opts, "max_kv_size", None):
+        raise DctmsError(
+            "not supported yet: --ranks with a quantised or rotating KV cache (--kv-bits, "
+            "--max-kv-size)"
+        )
     split = tuple(opts.split) if opts.split is not None else None
     return RankSpec(opts.parallel, opts.ranks, opts.rank, split)
 
