@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="HxW",
         help="largest image after the model's own preprocessing (e.g. 224x224)",
     )
+    vision.add_argument(
+        "--overlap",
+        action="store_true",
+        help="encode images on a second MLX stream while the text before them is prefilled "
+        "(M_intermediate covers one call of each stream at once)",
+    )
     p.add_argument(
         "--draft",
         metavar="DRAFT",
@@ -93,6 +99,8 @@ def _run(args: argparse.Namespace, target) -> int:
     keywords["memory"] = keywords.pop("device_memory")
     if args.num_draft is not None and not args.draft:
         raise DctmsError("--num-draft needs --draft DRAFT (the draft model)")
+    if args.overlap and args.images is None:
+        raise DctmsError("--overlap is for vision-language plans (with --images and --image-size)")
     if args.images is not None or args.image_size is not None:
         plan = _compile_vision(args, opts, progress)
     elif args.draft:
@@ -132,6 +140,5 @@ def _compile_vision(args: argparse.Namespace, opts, progress):
     if args.images is None or args.image_size is None:
         raise DctmsError("vision-language plans need both --images K and --image-size HxW")
     height, width = parse_image_size(args.image_size)
-    return compile_vlm_plan(
-        open_model(args.model), opts, VisionOptions(args.images, height, width), progress
-    )
+    vision = VisionOptions(args.images, height, width, overlap=args.overlap)
+    return compile_vlm_plan(open_model(args.model), opts, vision, progress)
