@@ -10,9 +10,9 @@ fill is an input of the vision and prefill phases and is counted with their inpu
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from types import SimpleNamespace
 
 import msgspec
 
