@@ -523,3 +523,22 @@ def test_the_overlapped_run_encodes_on_a_second_stream_while_prefilling(
         validate_request(loaded, inputs.prompt, M, set()), inputs, serial=True
     ).tokens
     assert overlapped_ids == serial == _mlx_vlm_ids(folder, prompt, paths, M)[1]
+
+
+def test_show_and_trace_name_the_streams(overlapped, capsys, tmp_path) -> None:
+    assert main(["show", str(overlapped)]) == 0
+    out = capsys.readouterr().out
+    assert "vision-language (" in out and "overlapped (one call of each at once)" in out
+    assert "vision   MLX stream 1:" in out and "text     MLX stream 0: prefill, decode" in out
+    trace = tmp_path / "t.json"
+    assert main(["trace", str(overlapped), "-o", str(trace)]) == 0
+    names = [e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"]
+             if e.get("name") == "process_name"]
+    assert any(n.endswith("[vision stream, MLX stream 1]") for n in names)
+    assert any(n.startswith("prefill") and n.endswith("[text stream, MLX stream 0]") for n in names)
+
+
+def test_check_recompiles_a_vision_plan_to_the_same_bytes(vlm, overlapped, capsys) -> None:
+    _, _, folder = vlm
+    assert main(["check", str(overlapped), "--model", str(folder)]) == 0
+    assert "ok (re-compiles to the same bytes)" in capsys.readouterr().out

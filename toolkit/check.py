@@ -84,6 +84,10 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
             words += [flag, str(value)]
     if request.hash_weights:
         words.append("--hash-weights")
+    if request.vision is not None:
+        v = request.vision
+        words += ["--images", str(v.images), "--image-size", f"{v.height}x{v.width}"]
+        words += ["--overlap"] if v.overlap else []
     return shlex.join(words + ["-o", output])
 
 
@@ -123,7 +127,14 @@ def check_plan(
         reason = f"not the canonical text dctms writes (hand-edited? line {line} differs)"
         return CheckResult(source_name, "edited", reason, command)
 
-    fresh = compile_plan(source, options_of(request), progress)
+    if request.vision is not None:  # a vision-language plan: its own compiler
+        from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
+
+        v = request.vision
+        vision = VisionOptions(v.images, v.height, v.width, overlap=v.overlap)
+        fresh = compile_vlm_plan(source, options_of(request), vision, progress)
+    else:
+        fresh = compile_plan(source, options_of(request), progress)
     fresh_bytes = encode_plan(fresh)
     if fresh_bytes == data:
         return CheckResult(source_name, "ok", "", command, fresh)
