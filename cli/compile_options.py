@@ -97,6 +97,20 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         "mlx-lm's own default is 5000)",
     )
     parser.add_argument(
+        "--token-step",
+        type=int,
+        metavar="T",
+        help="length grid: a prefill chunk runs padded to a multiple of T tokens, growing by about "
+        "an eighth beyond 8 steps (default 16)",
+    )
+    parser.add_argument(
+        "--window-step",
+        type=int,
+        metavar="W",
+        help="length grid: decode attends over a window of a multiple of W positions, growing by "
+        "about an eighth beyond 8 steps (default 32)",
+    )
+    parser.add_argument(
         "--hash-weights",
         action="store_true",
         help="record the sha256 of every safetensors file (reads all weights once)",
@@ -139,4 +153,6 @@ def compile_options(
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
+        token_step=args.token_step,
+        window_step=args.window_step,
     )

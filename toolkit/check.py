@@ -74,6 +74,8 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
         "profile": "--profile",
         "sync_every": "--sync-every",
         "pack_seconds": "--pack-seconds",
+        "token_step": "--token-step",
+        "window_step": "--window-step",
         "kv_bits": "--kv-bits",
         "kv_group_size": "--kv-group-size",
         "quantized_kv_start": "--quantized-kv-start",
