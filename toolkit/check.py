@@ -30,7 +30,8 @@ from dctms.schema.fingerprint import canonical_config_sha256
 from dctms.schema.io import decode_plan, encode_plan, write_plan
 from dctms.schema.model_folder import ModelFolder, open_model
 from dctms.schema.types import CompileRequest, Plan
-from dctms.toolkit.compiler import CompileOptions, compile_plan
+from dctms.toolkit.compiler import CompileOptions
+from dctms.toolkit.plan_kinds import compile_kind, kind_flags, kind_of
 
 Verdict = Literal["ok", "stale", "edited"]
 
@@ -86,11 +87,7 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
             words += [flag, str(value)]
     if request.hash_weights:
         words.append("--hash-weights")
-    if request.vision is not None:
-        v = request.vision
-        words += ["--images", str(v.images), "--image-size", f"{v.height}x{v.width}"]
-        words += ["--overlap"] if v.overlap else []
-    return shlex.join(words + ["-o", output])
+    return shlex.join(words + kind_flags(request) + ["-o", output])
 
 
 def check_plan(
@@ -129,14 +126,7 @@ def check_plan(
         reason = f"not the canonical text dctms writes (hand-edited? line {line} differs)"
         return CheckResult(source_name, "edited", reason, command)
 
-    if request.vision is not None:  # a vision-language plan: its own compiler
-        from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
-
-        v = request.vision
-        vision = VisionOptions(v.images, v.height, v.width, overlap=v.overlap)
-        fresh = compile_vlm_plan(source, options_of(request), vision, progress)
-    else:
-        fresh = compile_plan(source, options_of(request), progress)
+    fresh = compile_kind(source, options_of(request), kind_of(request), progress)
     fresh_bytes = encode_plan(fresh)
     if fresh_bytes == data:
         return CheckResult(source_name, "ok", "", command, fresh)
