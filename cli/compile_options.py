@@ -99,6 +99,13 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         help="quantise the cache after the call that reaches T tokens (only 0 is planned; "
         "mlx-lm's own default is 5000)",
     )
+    kv.add_argument(
+        "--max-kv-size",
+        type=int,
+        metavar="W",
+        help="a rotating cache of W positions keeping the first 4 (mlx-lm's max_kv_size; models "
+        "without their own make_cache, as in mlx-lm)",
+    )
     parser.add_argument(
         "--token-step",
         type=int,
@@ -156,6 +163,7 @@ def compile_options(
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
+        max_kv_size=args.max_kv_size,
         token_step=args.token_step,
         window_step=args.window_step,
     )

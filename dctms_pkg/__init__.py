@@ -94,6 +94,7 @@ def compile_plan(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    max_kv_size: int | None = None,
     token_step: int | None = None,
     window_step: int | None = None,
     progress: Progress | None = None,
@@ -131,6 +132,7 @@ def compile_plan(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        max_kv_size=max_kv_size,
         token_step=token_step,
         window_step=window_step,
     )
@@ -184,6 +186,7 @@ def fit(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    max_kv_size: int | None = None,
     token_step: int | None = None,
     window_step: int | None = None,
     progress: Progress | None = None,
@@ -224,6 +227,7 @@ def fit(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        max_kv_size=max_kv_size,
         token_step=token_step,
         window_step=window_step,
     )

@@ -139,6 +139,9 @@ class SlidingWindow(_Base):
 
     window: Positive
     slots: Positive
+    # tokens mlx-lm's RotatingKVCache keeps at the start (4 with --max-kv-size); their arrays are
+    # the state named "<ring>.keep" (keep slots, then keep sink slots)
+    keep: Int = 0
 
 
 class StateTensor(_Base):
@@ -399,6 +402,7 @@ class CompileRequest(_Base):
     kv_bits: Positive | None = None
     kv_group_size: Positive = 64
     quantized_kv_start: Int = 0
+    max_kv_size: Positive | None = None  # mlx-lm's max_kv_size (rotating caches keeping 4 tokens)
     vision: VisionRequest | None = None  # a vision-language plan's image bounds
     draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
     num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)

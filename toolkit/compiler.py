@@ -119,6 +119,9 @@ class CompileOptions:
     kv_bits: int | None = None
     kv_group_size: int = 64
     quantized_kv_start: int = 0
+    # mlx-lm's max_kv_size: every layer a RotatingKVCache(max_kv_size, keep=4) (models without
+    # their own make_cache, as mlx-lm); None: the full cache.
+    max_kv_size: int | None = None
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -283,7 +286,7 @@ def trace_source(
     stored = {h.name: h.dtype for h in headers} if headers else None
     # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
-    windows = caches.check_cache_support(model)
+    windows = caches.check_cache_support(model, opts.max_kv_size)
     num_layers = len(windows)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)

@@ -363,7 +363,9 @@ class PhaseTracer:
         ]
         decode = next(p for p in phases if p.name == "decode")
         vocab = _vocab_size(self.model, decode)
-        rings = {a.name: (a.ring.window, a.ring.slots) for a in self.layout.arrays if a.ring}
+        rings = {
+            a.name: (a.ring.window, a.ring.slots, a.ring.keep) for a in self.layout.arrays if a.ring
+        }
         recurrent = tuple(a.name for a in self.layout.arrays if a.recurrent)
         return Traced(phases, weight_bindings, self.kv, self.num_layers, vocab, rings, recurrent)
 

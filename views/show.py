@@ -6,7 +6,16 @@ The rows are ``dctms.figures.overview``'s (the inspector's Overview draws the sa
 from __future__ import annotations
 
 from dctms.figures.lengths import grid_steps_text, grid_text
-from dctms.figures.overview import arena_rows, bounds_rows, envelope_rows, header, slack_by_phase
+from dctms.figures.overview import (
+    PARTS_RULE,
+    arena_rows,
+    bounds_rows,
+    envelope_rows,
+    header,
+    model_part_rows,
+    slack_by_phase,
+    speculative_line,
+)
 from dctms.figures.overview import table1 as table1_figures
 from dctms.figures.units import MIB
 from dctms.figures.vision import stream_rows
@@ -16,6 +25,8 @@ from dctms.schema.types import Plan
 def show_text(plan: Plan) -> str:
     """The summary ``dctms show PLAN`` prints (ends with a newline)."""
     sections = [_header(plan), _bounds(plan), _envelope(plan), _table1(plan), _arena(plan)]
+    if plan.draft is not None:
+        sections.insert(3, _models(plan))
     if any(p.lengths for p in plan.phases):
         sections.append(_lengths(plan))
     if plan.vision is not None:
@@ -41,6 +52,24 @@ def _envelope(plan: Plan) -> str:
     for row in envelope_rows(plan):
         note = f"  ({row.note})" if row.note else ""
         lines.append(f"  {row.name:<18} {row.bytes:>18,} {row.bytes / MIB:>12.2f}{note}")
+    return "\n".join(lines)
+
+
+def _models(plan: Plan) -> str:
+    """The envelope's parts per model (speculative plans)."""
+    lines = [
+        speculative_line(plan),
+        f"  {'model':<8} {'architecture':<14} {'layers':>6} {'weights':>14} {'kv':>12} "
+        f"{'persistent':>11} {'intermediate':>13} {'MiB':>10}",
+    ]
+    for r in model_part_rows(plan):
+        arch = r.architecture if r.model != "plan" else "sum; max"
+        layers = str(r.num_layers) if r.model != "plan" else ""
+        lines.append(
+            f"  {r.model:<8} {arch:<14} {layers:>6} {r.weights:>14,} {r.kv:>12,} "
+            f"{r.persistent:>11,} {r.intermediate:>13,} {r.provable / MIB:>10.2f}"
+        )
+    lines.append(f"  ({PARTS_RULE})")
     return "\n".join(lines)
 
 
