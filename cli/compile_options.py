@@ -211,6 +211,12 @@ def add_plan_kind_options(parser: argparse.ArgumentParser) -> None:
         metavar="HxW",
         help="largest image after the model's own preprocessing (e.g. 224x224)",
     )
+    vision.add_argument(
+        "--overlap",
+        action="store_true",
+        help="encode images on a second MLX stream while the text before them is prefilled "
+        "(M_intermediate covers one call of each stream at once)",
+    )
     spec = parser.add_argument_group("speculative decoding")
     spec.add_argument(
         "--draft",
@@ -234,12 +240,14 @@ def plan_kind(args: argparse.Namespace) -> PlanKind:
     if args.num_draft is not None and not args.draft:
         raise DctmsError("--num-draft needs --draft DRAFT (the draft model)")
     images = None
+    if args.overlap and args.images is None:
+        raise DctmsError("--overlap is for vision-language plans (with --images and --image-size)")
     if args.images is not None or args.image_size is not None:
         from dctms.toolkit.vision_compile import parse_image_size
 
         if args.images is None or args.image_size is None:
             raise DctmsError("vision-language plans need both --images K and --image-size HxW")
-        images = Images(args.images, *parse_image_size(args.image_size))
+        images = Images(args.images, *parse_image_size(args.image_size), overlap=args.overlap)
     if images is None and not args.draft:
         return TEXT
     draft = open_model(args.draft) if args.draft else None

@@ -387,6 +387,7 @@ class VisionRequest(_Base):
     images: Positive
     height: Positive
     width: Positive
+    overlap: bool = False
 
 
 class CompileRequest(_Base):
@@ -473,7 +474,15 @@ class Vision(_Base):
     ``k * tokens_per_image`` of the ``image_features`` table (``feature_rows`` = ``images`` x
     ``tokens_per_image``, the most tokens of any variant); prefill reads the rows of its
     image-token positions (input ``image_rows``). Only the table outlives the vision phase.
-    ``mrope``: the text phases take 3-axis rotary positions (input ``rope_positions``)."""
+    ``mrope``: the text phases take 3-axis rotary positions (input ``rope_positions``).
+
+    ``overlap``: what runs concurrently. False: every vision call runs (and is waited for) before
+    prefill starts. True: the vision calls run on MLX stream 1 (the ``vision`` stream's
+    ``mlx_stream``), one at a time and in image order, while prefill runs on stream 0; a prefill
+    call waits (a sync point where the streams meet) for the vision call of every image whose
+    rows it reads, so image k's encoding overlaps the prefill of the text before it (and of
+    earlier images). M_intermediate then covers one call of each stream at once: the largest
+    text arena plus the largest vision call."""
 
     family: Name  # mlx-vlm model_type, e.g. "gemma3"
     resolution: Literal["fixed", "dynamic"]
@@ -486,6 +495,7 @@ class Vision(_Base):
     variants: list[VisionVariant]
     streams: list[Stream]
     mrope: bool = False
+    overlap: bool = False
 
 
 class Draft(_Base):

@@ -18,6 +18,7 @@ from dctms.figures.overview import (
 )
 from dctms.figures.overview import table1 as table1_figures
 from dctms.figures.units import MIB
+from dctms.figures.vision import stream_rows
 from dctms.schema.types import Plan
 from dctms.views.ranks import rank_section
 
@@ -32,6 +33,8 @@ def show_text(plan: Plan) -> str:
         sections.insert(1, ranked)
     if any(p.lengths for p in plan.phases):
         sections.append(_lengths(plan))
+    if plan.vision is not None:
+        sections.append(_vision(plan))
     return "\n\n".join(sections) + "\n"
 
 
@@ -115,4 +118,24 @@ def _lengths(plan: Plan) -> str:
         )
         lines.append(f"  {'':<10} grid: {grid_text(p)}")
     lines.append(f"  grid steps: {grid_steps_text(plan)}")
+    return "\n".join(lines)
+
+
+def _vision(plan: Plan) -> str:
+    """A vision-language plan's image bounds and its streams."""
+    v = plan.vision
+    sizes = f"{len(v.variants)} size(s) up to {v.image_size[0]}x{v.image_size[1]}"
+    lines = [
+        f"vision-language ({v.family}, {v.resolution} resolution): at most {v.images} images, "
+        f"{sizes}, at most {v.tokens_per_image} tokens each; features table {v.feature_rows} x "
+        f"{v.hidden_size}",
+        "  streams: "
+        + ("overlapped (one call of each at once)" if v.overlap else "taking turns (serial)"),
+    ]
+    for row in stream_rows(plan):
+        phases = ", ".join(row.phases) if len(row.phases) <= 4 else (
+            f"{row.phases[0]} ... {row.phases[-1]} ({len(row.phases)} phases)"
+        )
+        call = f"; largest call {row.largest_call:,} bytes" if row.largest_call else ""
+        lines.append(f"  {row.name:<8} MLX stream {row.mlx_stream}: {phases}{call}")
     return "\n".join(lines)

@@ -33,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="PNG/JPEG image for a vision-language plan (repeatable; with --prompt)",
     )
     p.add_argument(
+        "--serial",
+        action="store_true",
+        help="vision-language plan compiled with --overlap: encode every image before prefill",
+    )
+    p.add_argument(
         "--draft-model",
         metavar="DIR",
         help="speculative decoding with this draft model (the plan must be compiled with --draft)",
