@@ -345,18 +345,22 @@ class PhaseTracer:
             "position": mx.array(0, mx.int32),
             "last_index": mx.array(0, mx.int32),
         }
-        return _export(name, tokens, fn, feeds, self.weights, self.state, self.layout.names)
+        names = self.layout.names_for(name)
+        state = {n: self.state[n] for n in names}
+        return _export(name, tokens, fn, feeds, self.weights, state, names)
 
-    def decode(self, window: int) -> TracedPhase:
+    def decode(self, window: int, name: str = "decode") -> TracedPhase:
         """One token at ``position``: the previous step's next_token (shape [batch], uint32) is fed
         back as it is, so the runner can build step t+1 while step t still computes (as mlx-lm's
         generate_step does)."""
 
         def fn(tokens_, position, **kw):
-            return self._step(tokens_[:, None], position, None, window, kw, "decode")
+            return self._step(tokens_[:, None], position, None, window, kw, name)
 
         feeds = {"tokens": mx.zeros((self.batch,), mx.uint32), "position": mx.array(0, mx.int32)}
-        return _export("decode", 1, fn, feeds, self.weights, self.state, self.layout.names)
+        names = self.layout.names_for(name)
+        state = {n: self.state[n] for n in names}
+        return _export(name, 1, fn, feeds, self.weights, state, names)
 
     def traced(self, phases: list[TracedPhase]) -> Traced:
         weight_bindings = [
