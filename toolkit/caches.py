@@ -44,8 +44,8 @@ QUANT_PARTS = ("", ".scales", ".biases")  # packed words, scales, biases (mx.qua
 # line that says why it is refused. README's "Caches" table is tested against this.
 CACHE_SUPPORT: dict[str, str] = {
     "KVCache": "planned: a static cache of N + M (+ padded prompt) positions",
-    "QuantizedKVCache": "planned with --kv-bits 4 or 8, --kv-group-size 32, 64 or 128 "
-    "(--quantized-kv-start 0 only)",
+    "QuantizedKVCache": "planned with --kv-bits 4 or 8, --kv-group-size 32, 64 or 128, "
+    "--quantized-kv-start T",
     "RotatingKVCache": "planned (sliding-window layers: gemma3_text, olmo3, ...; --max-kv-size "
     "W, keep 4): a ring of the window + one chunk",
     "ChunkedKVCache": "refused: chunked attention (llama4) is not planned yet",
