@@ -542,3 +542,12 @@ def test_check_recompiles_a_vision_plan_to_the_same_bytes(vlm, overlapped, capsy
     _, _, folder = vlm
     assert main(["check", str(overlapped), "--model", str(folder)]) == 0
     assert "ok (re-compiles to the same bytes)" in capsys.readouterr().out
+
+
+def test_diff_shows_the_image_bounds_and_streams(vlm, overlapped) -> None:
+    from dctms.figures.comparison import plan_diff
+
+    changes = {c.key: c for c in plan_diff(read_plan(vlm[1]), read_plan(overlapped)).bounds}
+    assert changes["vision_overlap"].old is False and changes["vision_overlap"].new is True
+    assert "vision (MLX 0)" in changes["streams"].old and "vision (MLX 1)" in changes["streams"].new
+    assert changes["images"].old == changes["images"].new == K
