@@ -91,6 +91,12 @@ def compile_plan(
     hash_weights: bool = False,
     pack_seconds: float = 2.0,
     real_lengths: bool = True,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
+    max_kv_size: int | None = None,
+    token_step: int | None = None,
+    window_step: int | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -102,7 +108,8 @@ def compile_plan(
     when M_max does not fit). The other options are ``dctms compile``'s (see its ``--help``).
     ``pack_seconds`` is the offset packer's search budget (a fixed amount of work, so the plan
     does not depend on the machine). ``real_lengths=False`` leaves out the length points the runner
-    runs short calls at (fixed, padded phases; the envelope is the same). ``progress`` receives one line per compiler pass. Weights
+    runs short calls at (fixed, padded phases; the envelope is the same); ``token_step`` and
+    ``window_step`` set their grid (``dctms compile --token-step/--window-step``). ``progress`` receives one line per compiler pass. Weights
     are never loaded.
     """
     from dctms.schema.model_folder import open_model
@@ -122,6 +129,12 @@ def compile_plan(
         sync_every=sync_every,
         pack_seconds=pack_seconds,
         real_lengths=real_lengths,
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start,
+        max_kv_size=max_kv_size,
+        token_step=token_step,
+        window_step=window_step,
     )
     return _compile(open_model(model), options, progress)
 
@@ -170,6 +183,12 @@ def fit(
     hash_weights: bool = False,
     pack_seconds: float = 2.0,
     real_lengths: bool = True,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
+    max_kv_size: int | None = None,
+    token_step: int | None = None,
+    window_step: int | None = None,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
@@ -205,6 +224,12 @@ def fit(
         hash_weights=hash_weights,
         sync_every=sync_every,
         pack_seconds=pack_seconds,
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start,
+        max_kv_size=max_kv_size,
+        token_step=token_step,
+        window_step=window_step,
     )
 
     def bounds(value: int) -> tuple[int, int]:

@@ -17,13 +17,16 @@ Per-call Python work that does not depend on the token is done once per variant:
   (``mx.export_function`` / ``mx.import_function``); from then on a call re-creates the segment's
   primitives in C++ (``compile_replace``: the recorded primitives, inputs in the same order) instead
   of one Python call per op -- most of a small model's decode step.
+
+``prepare`` does both ahead of any call, for the points a session will use: the bound's check and
+every recording, on placeholders (graphs are built, nothing is computed), so no call pays for them.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -38,7 +41,7 @@ RECORD_AFTER = 0  # runs of a variant in Python before its graph is recorded (th
 
 @dataclass(frozen=True)
 class _Step:
-    index: int  # the plan op's index
+    index: int  # the plan op's index (its position in Phase.ops)
     primitive: str
     args: list
     inputs: tuple[str, ...]
@@ -73,6 +76,7 @@ def _step(index, primitive, args, inputs, outputs, shapes, dtypes) -> _Step:
 @dataclass(frozen=True)
 class _Segment:
     drop: tuple[str, ...]  # tensor ids whose last reader is in this segment
+    drop_recorded: tuple[str, ...]  # of those, the ones defined before it (what a replay reads)
     evaluate: tuple[str, ...]
     reads: tuple[str, ...]  # ids defined before this segment (leaves, earlier segments) it reads
     keeps: tuple[str, ...]  # ids it defines that are read after it (its evaluate list first)
@@ -93,6 +97,19 @@ class PhaseProgram:
     def __init__(self, phase: Phase, replay: bool = True):
         self.name = phase.name
         self.inputs = [(b.id, b.kind, b.name) for b in phase.inputs]
+        # Per-call work that does not depend on the call, done once: the inputs by kind, the
+        # env of constants and weights (``_static_env``), the ids each call waits for first.
+        self._weight_inputs = [(b.id, b.name) for b in phase.inputs if b.kind == "weight"]
+        self._state_inputs = [(b.id, b.name) for b in phase.inputs if b.kind == "state"]
+        self._feed_inputs = [
+            (b.id, b.name) for b in phase.inputs if b.kind not in ("weight", "state")
+        ]
+        self._waited = [tid for tid, kind, _ in self.inputs if kind != "weight"]
+        self._static: dict[str, mx.array] = {}
+        self._static_for: dict[str, mx.array] | None = None
+        self._feeds = {  # per-call inputs: shape at the bound, dtype (for placeholders)
+            b.id: (tuple(b.shape), dtype_from_name(b.dtype)) for b in phase.inputs if b.kind == "input"
+        }
         self.outputs = [(b.id, b.kind, b.name) for b in phase.outputs]
         self.constants = {
             c.id: mx.array(c.value, dtype=dtype_from_name(c.dtype)).reshape(c.shape)
@@ -111,12 +128,13 @@ class PhaseProgram:
             segment_of_slot[s] = k
         ops_by_segment: list[list[_Step]] = [[] for _ in bounds]
         last_segment: dict[str, int] = {}
-        order = sorted(phase.ops, key=lambda op: (slot_of[op.index], op.index))
-        for op in order:
-            seg = segment_of_slot[slot_of[op.index]]
+        order = sorted(range(len(phase.ops)), key=lambda i: (slot_of[i], i))
+        for index in order:
+            op = phase.ops[index]
+            seg = segment_of_slot[slot_of[index]]
             ops_by_segment[seg].append(
                 _step(
-                    op.index,
+                    index,
                     op.primitive,
                     args_from_json(op.args, op.primitive),
                     tuple(op.inputs),
@@ -163,6 +181,61 @@ class PhaseProgram:
             step.index, step.primitive, args, step.inputs, step.outputs, shapes, step.dtypes
         )
 
+    def feed_shape(self, binding_id: str, bound_shape: Sequence[int], point: tuple[int, ...]):
+        """An input binding's shape at ``point`` (the plan's affine places for its axes)."""
+        return self.lengths.shapes_at([binding_id], (tuple(bound_shape),), point)[0]
+
+    def prepare(
+        self,
+        weights: dict[str, mx.array],
+        state: dict[str, mx.array],
+        points: Iterable[tuple[int, ...]] | None = None,
+    ) -> int:
+        """Check the bound's outputs against the plan and record every segment at ``points``
+        (default: every verified point) now, so that no call pays for either. Builds graphs on
+        placeholder feeds and the real weights and state without evaluating anything (nothing is
+        computed or allocated; no reference survives). Returns how many points were recorded."""
+        wanted = list(dict.fromkeys(self.lengths.points if points is None else points))
+        if not self.checked:
+            self._build(self.lengths.bound, weights, state, check=True)
+            self.checked = True
+        if not self.replay:
+            return 0
+        done = 0
+        for point in wanted:
+            variant = self.variant(tuple(point))
+            if all(r is not None for r in variant.replays):
+                continue
+            self._build(variant.point, weights, state, check=False, record=True)
+            done += 1
+        return done
+
+    def _build(self, point, weights, state, check: bool, record: bool = False) -> None:
+        """Build (never evaluate) the phase at ``point`` on placeholder feeds, segment by segment:
+        through ``apply_op``'s checks, or recording each segment and calling its replay."""
+        variant = self.variant(point)
+        env: dict[str, mx.array] = dict(self.constants)
+        for tid, kind, name in self.inputs:
+            if kind == "weight":
+                env[tid] = weights[name]
+            elif kind == "state":
+                env[tid] = state[name]
+            else:
+                shape, dtype = self._feeds[tid]
+                env[tid] = mx.zeros(self.feed_shape(tid, shape, variant.point), dtype=dtype)
+        for k, seg in enumerate(self.segments):
+            if record:
+                replay = variant.replays[k] or self._record(variant, k, env)
+                env.update(zip(seg.keeps, replay(*[env[t] for t in seg.reads]), strict=True))
+                continue
+            for step in variant.steps[k]:
+                inputs = [env[t] for t in step.inputs]
+                if check:
+                    outs = apply_op(step.primitive, step.args, inputs, step.shapes, step.dtypes)
+                else:
+                    outs = step.direct(inputs)
+                env.update(zip(step.outputs, outs, strict=True))
+
     def run(
         self,
         feeds: dict[str, mx.array],
@@ -179,20 +252,15 @@ class PhaseProgram:
         graph is built meanwhile and evaluated only once they are done. With ``wait=False`` the call
         returns while its last segment computes, so the caller can build the next call."""
         variant = self.variant(self.lengths.bound if point is None else tuple(point))
-        env: dict[str, mx.array] = dict(self.constants)
-        for tid, kind, name in self.inputs:
-            if kind == "weight":
-                env[tid] = weights[name]
-            elif kind == "state":
-                env[tid] = state.pop(name)
-            else:
-                env[tid] = feeds[name]
+        env = self._static_env(weights)
+        for tid, name in self._state_inputs:
+            env[tid] = state.pop(name)
+        for tid, name in self._feed_inputs:
+            env[tid] = feeds[name]
         check = not self.checked and variant.point == self.lengths.bound
         recorded = self.replay and not check and variant.runs >= RECORD_AFTER
         # Whatever a previous call left computing must finish before this call evaluates anything.
-        pending: list[mx.array] | None = [
-            env[tid] for tid, kind, _ in self.inputs if kind != "weight"
-        ]
+        pending: list[mx.array] | None = [env[tid] for tid in self._waited]
         for k, seg in enumerate(self.segments):
             # Building this segment's graph allocates nothing, so it overlaps the previous
             # segment's computation; its evaluation starts only once that one has drained.
@@ -210,7 +278,8 @@ class PhaseProgram:
                         outs = step.direct(inputs)
                     for t, arr in zip(step.outputs, outs, strict=True):
                         env[t] = arr
-            for t in seg.drop:
+            # A recorded segment's own tensors never enter env: only what it reads can be dropped.
+            for t in seg.drop_recorded if recorded else seg.drop:
                 env.pop(t, None)
             if pending is not None:
                 mx.eval(pending)  # the sync point: everything of the previous segment is done
@@ -227,6 +296,14 @@ class PhaseProgram:
         self.checked = self.checked or check
         variant.runs += 1
         return results
+
+    def _static_env(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """A fresh env holding the constants and weight bindings (built once per weights dict)."""
+        if self._static_for is not weights:
+            static = dict(self.constants)
+            static.update((tid, weights[name]) for tid, name in self._weight_inputs)
+            self._static, self._static_for = static, weights
+        return dict(self._static)
 
     def _record(self, variant: _Variant, k: int, env: dict[str, mx.array]) -> Callable:
         """Record segment ``k`` of ``variant`` once (MLX's exporter traces the steps' handlers on
@@ -269,6 +346,7 @@ def _segments(
         segments.append(
             _Segment(
                 tuple(sorted(drops[k])),
+                tuple(sorted(set(drops[k]) - mine)),
                 tuple(sp.evaluate),
                 tuple(sorted(reads)),
                 (*sp.evaluate, *sorted(later)),

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from dctms.runner.execute import PhaseProgram
 from dctms.runner.load import check_fingerprint, configure_mlx, load_weights
+from dctms.runner.prerecord import decode_point, prefill_chunks, union_points
 from dctms.runner.primitives import dtype_from_name
+from dctms.runner.quantized_kv import START, prefill_like_mlx_lm
 from dctms.runner.request import Request
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
@@ -29,9 +31,7 @@ from dctms.schema.model_folder import ModelFolder
 from dctms.schema.types import Plan, Scratch
 
 
-def check_allocation(
-    plan: Plan, weights: dict[str, mx.array], state: dict[str, mx.array]
-) -> None:
+def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, mx.array]) -> None:
     """The arrays this session allocated hold every index a valid request makes the runner feed:
     token ids below ``model.vocab_size`` into the embedding rows, and write positions into the KV
     state up to the padded prompt and N + M - 1. Checked against the arrays themselves, not the
@@ -43,6 +43,8 @@ def check_allocation(
     last_start = {
         "prefill": padded - b.prefill_chunk,
         "decode": max(0, b.input_tokens + b.output_tokens - 2),
+        START: 0,  # a quantised cache's first prompt piece (runner.quantized_kv)
+        "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
     }
     for phase in plan.phases:
         if phase.name not in last_start:
@@ -58,13 +60,16 @@ def check_allocation(
         writes, stray = state_writes(phase)
         if stray:
             raise DctmsError(
-                f"{phase.name} op {phase.ops[stray[0].op_position].index} writes state "
+                f"{phase.name} op {stray[0].op_position} writes state "
                 f"{stray[0].state} at an index the runner does not bound"
             )
         for w in writes:
             shape = state[w.state].shape if w.state in state else ()
             size = shape[w.axis] if w.axis < len(shape) else 0
-            end = last_start[phase.name] + w.extent
+            # a sliding-window ring: position mod slots, never wrapping (the verifier's rule)
+            end = w.modulus if w.modulus is not None else last_start[phase.name] + w.extent
+            if w.clamp is not None:  # at min(position, clamp): a rotating cache's kept tokens
+                end = w.clamp + w.extent
             if end > size:
                 raise DctmsError(
                     f"{phase.name} writes {w.state} up to position {end}, but the array "
@@ -77,21 +82,26 @@ def throttle_limit(plan: Plan) -> int:
     makes (its arena outputs plus scratch), so that an op started just under the limit still ends
     within the envelope."""
     largest = 0
-    for phase in plan.phases:
-        position = {op.index: k for k, op in enumerate(phase.ops)}
+    for phase in [*plan.phases, *(plan.draft.phases if plan.draft else ())]:
         made = [0] * len(phase.ops)
         producer = {t: k for k, op in enumerate(phase.ops) for t in op.outputs}
         for t in phase.tensors:
             if t.view_of is not None or t.kind == "state":
                 continue
             if isinstance(t, Scratch):
-                k = position.get(t.op)
+                k = t.op if 0 <= t.op < len(phase.ops) else None
             else:
                 k = producer.get(t.id)
             if k is not None:
                 made[k] += t.bytes
         largest = max(largest, max(made, default=0))
     return plan.envelope.provable - largest
+
+
+@dataclass(frozen=True)
+class Prerecorded:
+    points: int  # length points whose graphs were recorded
+    seconds: float
 
 
 @dataclass
@@ -129,12 +139,18 @@ class Session:
         phases = {p.name: p for p in plan.phases}
         self.prefill = PhaseProgram(phases["prefill"])
         self.decode = PhaseProgram(phases["decode"])
+        self.prefill_start = PhaseProgram(phases[START]) if START in phases else None
+        self.recurrent = any(s.recurrent for s in plan.state)
+        # a rotating cache that keeps tokens: mlx-lm's call boundaries decide what a query sees
+        self.keeps = any(s.window is not None and s.window.keep for s in plan.state)
         self.chunk = plan.bounds.prefill_chunk
 
     def held_bytes(self) -> int:
         """What this session keeps allocated between calls: weights, KV state, constants."""
         arrays = [*self.weights.values(), *self.state.values()]
         arrays += [*self.prefill.constants.values(), *self.decode.constants.values()]
+        if self.prefill_start is not None:
+            arrays += self.prefill_start.constants.values()
         return sum(a.nbytes for a in arrays)
 
     def apply_limits(self, foreign_bytes: int = 0) -> None:
@@ -165,7 +181,10 @@ class Session:
             raise ValueError("the request was validated for another plan")
         prompt, max_tokens, stop = list(request.prompt), request.max_tokens, request.stop
         start = time.perf_counter()
-        token_array = self._prefill(prompt)
+        if self.prefill_start is None and not self.recurrent and not self.keeps:
+            token_array = self._prefill(prompt)
+        else:  # mlx-lm's call boundaries decide what is quantised; a recurrent state takes no pad
+            token_array = prefill_like_mlx_lm(self, prompt, whole_chunks=self.recurrent)
         token = int(token_array.item())
         gen = Generation([token], time.perf_counter() - start)
         if on_token is not None and on_token(token) is False:
@@ -193,9 +212,25 @@ class Session:
             inflight = following
         return gen
 
+    def prerecord(self, requests: Sequence[Request] | None = None) -> Prerecorded:
+        """Check the bound and record the graphs of every point ``requests`` will use (None: every
+        verified point) now, before any call: set-up time, reported, instead of a point's first
+        use slowing a call. Nothing is computed (``PhaseProgram.prepare``)."""
+        start = time.perf_counter()
+        pre = dec = None
+        if requests is not None:
+            pre, dec = union_points(
+                self.prefill.lengths,
+                self.decode.lengths,
+                self.chunk,
+                [(len(r.prompt), r.max_tokens) for r in requests],
+            )
+        done = self.prefill.prepare(self.weights, self.state, pre)
+        done += self.decode.prepare(self.weights, self.state, dec)
+        return Prerecorded(done, time.perf_counter() - start)
+
     def _decode(self, token: mx.array, position: int) -> mx.array:
-        # The smallest verified attention window that holds positions 0..position.
-        point = self.decode.lengths.pick({"window": position + 1})
+        point = decode_point(self.decode.lengths, position)
         out = self.decode.run(
             {"tokens": token, "position": mx.array(position, dtype=mx.int32)},
             self.weights,
@@ -210,23 +245,20 @@ class Session:
         at the smallest verified length point that holds it (a piece padded to its token length,
         masked by position; attention over the window that holds the positions so far); returns
         the last piece's next_token array (evaluated)."""
-        lengths = self.prefill.lengths
         out: dict[str, mx.array] = {}
-        for start in range(0, len(prompt), self.chunk):
-            piece = prompt[start : start + self.chunk]
-            point = lengths.pick({"tokens": len(piece), "window": start + len(piece)})
-            tokens = lengths.value(point, "tokens", self.chunk)
-            padded = piece + [0] * (tokens - len(piece))
+        for c in prefill_chunks(self.prefill.lengths, self.chunk, len(prompt)):
+            piece = prompt[c.start : c.start + c.length]
+            padded = piece + [0] * (c.tokens - c.length)
             out = self.prefill.run(
                 {
                     "tokens": mx.array([padded], dtype=mx.int32),
-                    "position": mx.array(start, dtype=mx.int32),
-                    "last_index": mx.array(len(piece) - 1, dtype=mx.int32),
+                    "position": mx.array(c.start, dtype=mx.int32),
+                    "last_index": mx.array(c.length - 1, dtype=mx.int32),
                 },
                 self.weights,
                 self.state,
                 wait=False,
-                point=point,
+                point=c.point,
             )
         token = out["next_token"]
         mx.eval(token)

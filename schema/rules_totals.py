@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dctms.schema.fingerprint import layout_sha256
 from dctms.schema.phase_index import PlanIndex
 from dctms.schema.sizes import is_arena_tenant
+from dctms.schema.vision_bytes import intermediate_need
 
 Finding = tuple[str, str]
 
@@ -110,7 +111,9 @@ def bindings(ix: PlanIndex) -> Iterator[Finding]:
                                 f"tensor {b.id!r} is {tensor.shape} {tensor.dtype}, binding says {b.shape} {b.dtype}"
                             ),
                         )
-                    if tensor.kind != b.kind:
+                    # a recurrent state is a fresh array every call: an arena tenant until the end
+                    fresh = b.kind == "state" and tensor.kind == "output"
+                    if tensor.kind != b.kind and not (fresh and _recurrent(state.get(b.name))):
                         yield where, f"binds tensor {b.id!r} of kind {tensor.kind!r} as {b.kind!r}"
         bound = {b.id for b in px.phase.outputs}
         for i, t in enumerate(px.phase.tensors):
@@ -119,6 +122,10 @@ def bindings(ix: PlanIndex) -> Iterator[Finding]:
                     f"{px.tensor_path(i)}.kind",
                     f"a tensor of kind {t.kind!r} must be named in the phase outputs",
                 )
+
+
+def _recurrent(state) -> bool:
+    return state is not None and state.recurrent
 
 
 def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
@@ -130,23 +137,34 @@ def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
             "$.envelope.total",
             f"{env.total}, but weights+kv+persistent+intermediate+runtime = {parts}",
         )
-    largest = max((p.arena_bytes + p.slack_bytes for p in plan.phases), default=0)
-    if env.intermediate != largest:
-        yield (
-            "$.envelope.intermediate",
-            f"{env.intermediate}, but the largest phase arena plus allocator slack is {largest}",
-        )
+    # The plan's own model (the target, in a plan with a draft) against its figures: the envelope
+    # itself, or its "target" part; the parts' combination is checked by _parts_combine.
+    own, where = env, "$.envelope"
+    if env.parts:
+        yield from _parts_combine(env)
+        own = next((p for p in env.parts if p.model == "target"), None)
+        where = f"$.envelope.parts[{env.parts.index(own)}]" if own is not None else ""
+    if own is None:
+        return
+    # Vision-language plans: a vision call's own inputs (pixel values) live only during the call
+    # and count with its arena; overlapped streams add one call of each (schema.vision_bytes).
+    largest = intermediate_need(plan)
+    if own.intermediate != largest:
+        what = "the largest phase arena plus allocator slack"
+        if plan.vision is not None:
+            what += " (a vision call's inputs with its arena; overlapped: text + vision)"
+        yield f"{where}.intermediate", f"{own.intermediate}, but {what} is {largest}"
     for name in STATE_KINDS:
         total = sum(s.bytes for s in plan.state if s.kind == name)
-        if getattr(env, name) != total:
+        if getattr(own, name) != total:
             yield (
-                f"$.envelope.{name}",
-                f"{getattr(env, name)}, but the {name} state adds up to {total}",
+                f"{where}.{name}",
+                f"{getattr(own, name)}, but the {name} state adds up to {total}",
             )
-    if env.weights != plan.model.weights.total_bytes:
+    if own.weights != plan.model.weights.total_bytes:
         yield (
-            "$.envelope.weights",
-            f"{env.weights}, but the model's weights total {plan.model.weights.total_bytes}",
+            f"{where}.weights",
+            f"{own.weights}, but the model's weights total {plan.model.weights.total_bytes}",
         )
     if env.device != plan.target.device_memory:
         yield (
@@ -159,6 +177,21 @@ def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
             yield "$.envelope.free", "free is given without a device size"
     elif env.free != env.device - env.total:
         yield "$.envelope.free", f"{env.free}, but device - total = {env.device - env.total}"
+
+
+def _parts_combine(env) -> Iterator[Finding]:
+    """Both models stay resident (weights, kv, persistent add up); their calls never overlap (the
+    intermediate is the larger arena)."""
+    for name in ("weights", "kv", "persistent"):
+        total = sum(getattr(p, name) for p in env.parts)
+        if getattr(env, name) != total:
+            yield f"$.envelope.{name}", f"{getattr(env, name)}, but its parts add up to {total}"
+    largest = max(p.intermediate for p in env.parts)
+    if env.intermediate != largest:
+        yield (
+            "$.envelope.intermediate",
+            f"{env.intermediate}, but the largest part's intermediate is {largest}",
+        )
 
 
 def stats(ix: PlanIndex) -> Iterator[Finding]:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Bound byte counts so absurd sizes (10^30) are rejected at decode time: 2^53 bytes = 8 PiB.
 MAX_BYTES = 2**53
@@ -132,6 +132,18 @@ class Target(_Base):
     allocator_slack: Int = 0
 
 
+class SlidingWindow(_Base):
+    """A sliding-window layer's cache as a ring (mlx-lm's ``RotatingKVCache``, keep 0): position p
+    is written at slot ``p mod slots``, and attention sees the last ``window`` positions.
+    ``slots`` is a multiple of ``bounds.prefill_chunk`` and at least ``window - 1 + chunk``."""
+
+    window: Positive
+    slots: Positive
+    # tokens mlx-lm's RotatingKVCache keeps at the start (4 with --max-kv-size); their arrays are
+    # the state named "<ring>.keep" (keep slots, then keep sink slots)
+    keep: Int = 0
+
+
 class StateTensor(_Base):
     """Memory that lives across steps, allocated once at plan capacity (KV cache, ...)."""
 
@@ -140,6 +152,10 @@ class StateTensor(_Base):
     shape: Shape
     dtype: Name
     bytes: ByteCount
+    window: SlidingWindow | None = None  # a ring of ``window.slots`` positions, not kv_capacity
+    # A recurrent layer's state (mlx-lm's ArraysCache): replaced by every call, so the runner
+    # feeds prompts in whole chunks and single tokens (never padded)
+    recurrent: bool = False
 
 
 class Binding(_Base):
@@ -167,9 +183,10 @@ class Constant(_Base):
 
 
 class Op(_Base):
-    """One MLX primitive. ``args`` is the primitive's own argument list as MLX's exporter gives it."""
+    """One MLX primitive. ``args`` is the primitive's own argument list as MLX's exporter gives it.
 
-    index: Int
+    An op is named by its position in ``Phase.ops`` (slots, scratch owners, length places)."""
+
     primitive: Name
     inputs: list[Name]
     outputs: list[Name]
@@ -216,7 +233,7 @@ class StateView(Tensor, tag="state"):
 
 
 class Scratch(Tensor, tag="scratch", kw_only=True):
-    """A temporary MLX allocates inside op ``op`` (its ``Op.index``): uint8 of shape ``[bytes]``."""
+    """A temporary MLX allocates inside op ``op`` (its position in ``Phase.ops``): uint8 of shape ``[bytes]``."""
 
     op: Int
     kind: ClassVar[Literal["scratch"]] = "scratch"
@@ -304,6 +321,20 @@ class Phase(_Base):
     lengths: Lengths | None = None
 
 
+class EnvelopePart(_Base):
+    """One model's share of a plan that holds two (speculative decoding: the target and its draft).
+
+    Both models stay resident for the whole run, so the plan's weights, kv and persistent are the
+    sums of the parts; their calls never overlap (the runner drains one model's call before it
+    starts the other's), so the plan's intermediate is the largest of the parts' arenas."""
+
+    model: Literal["target", "draft"]
+    weights: ByteCount
+    kv: ByteCount
+    persistent: ByteCount
+    intermediate: ByteCount  # the model's largest phase arena plus allocator slack
+
+
 class Envelope(_Base):
     """M_max = weights + kv + persistent + intermediate + runtime (all bytes)."""
 
@@ -316,6 +347,8 @@ class Envelope(_Base):
     runtime_source: str = ""
     device: ByteCount | None = None
     free: SignedBytes | None = None
+    # Per model, in a plan with a draft: [target, draft] (see EnvelopePart); empty otherwise.
+    parts: list[EnvelopePart] = []
 
     @property
     def provable(self) -> int:
@@ -331,6 +364,15 @@ class Stats(_Base):
     reduction: Fraction  # 1 - physical_buffers / logical_tensors
     arena_bytes: ByteCount
     lower_bound_bytes: ByteCount
+
+
+class VisionRequest(_Base):
+    """The vision options a plan was compiled with (``compile --images K --image-size HxW``)."""
+
+    images: Positive
+    height: Positive
+    width: Positive
+    overlap: bool = False
 
 
 class CompileRequest(_Base):
@@ -353,6 +395,88 @@ class CompileRequest(_Base):
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
+    # The length grid's steps as given (None: the compiler's defaults, 16 tokens / 32 positions).
+    token_step: Positive | None = None
+    window_step: Positive | None = None
+    # mlx-lm's kv_bits / kv_group_size / quantized_kv_start (None bits: a float KV cache)
+    kv_bits: Positive | None = None
+    kv_group_size: Positive = 64
+    quantized_kv_start: Int = 0
+    max_kv_size: Positive | None = None  # mlx-lm's max_kv_size (rotating caches keeping 4 tokens)
+    vision: VisionRequest | None = None  # a vision-language plan's image bounds
+    draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
+    num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
+
+
+class Stream(_Base):
+    """One stream of a vision-language plan's lifetime analysis and which phases run on it.
+
+    ``vision``: the tower and projector, once per image; ``text``: prefill (merged embeddings)
+    and decode; ``output``: the generated tokens the host reads. ``mlx_stream`` is the MLX stream
+    the runner puts the phases on (0: the default stream)."""
+
+    name: Literal["vision", "text", "output"]
+    phases: list[Name]
+    mlx_stream: Int = 0
+
+
+class VisionVariant(_Base):
+    """One image size the plan has a vision phase for (after the model's own preprocessing).
+
+    A fixed-resolution tower has one; a dynamic-resolution one (the image size decides the patch
+    count) has one per size up to the bound, each phase traced and planned at that size."""
+
+    phase: Name  # the vision phase that encodes an image of this size
+    height: Positive
+    width: Positive
+    tokens: Positive  # feature rows (image tokens) an image of this size fills
+    pixel_shape: Shape  # its pixel_values array, as the family's processor makes it
+
+
+class Vision(_Base):
+    """A vision-language plan: its image bounds and the features table the images fill.
+
+    Image k runs the vision phase of its size (``variants``) once and fills rows from
+    ``k * tokens_per_image`` of the ``image_features`` table (``feature_rows`` = ``images`` x
+    ``tokens_per_image``, the most tokens of any variant); prefill reads the rows of its
+    image-token positions (input ``image_rows``). Only the table outlives the vision phase.
+    ``mrope``: the text phases take 3-axis rotary positions (input ``rope_positions``).
+
+    ``overlap``: what runs concurrently. False: every vision call runs (and is waited for) before
+    prefill starts. True: the vision calls run on MLX stream 1 (the ``vision`` stream's
+    ``mlx_stream``), one at a time and in image order, while prefill runs on stream 0; a prefill
+    call waits (a sync point where the streams meet) for the vision call of every image whose
+    rows it reads, so image k's encoding overlaps the prefill of the text before it (and of
+    earlier images). M_intermediate then covers one call of each stream at once: the largest
+    text arena plus the largest vision call."""
+
+    family: Name  # mlx-vlm model_type, e.g. "gemma3"
+    resolution: Literal["fixed", "dynamic"]
+    images: Positive  # K: most images per call
+    image_size: Annotated[list[Positive], msgspec.Meta(min_length=2, max_length=2)]  # [H, W]
+    tokens_per_image: Positive
+    feature_rows: Positive
+    hidden_size: Positive
+    image_token_id: Int
+    variants: list[VisionVariant]
+    streams: list[Stream]
+    mrope: bool = False
+    overlap: bool = False
+
+
+class Draft(_Base):
+    """The draft model of speculative decoding, planned beside the target (``Plan.draft``).
+
+    Its phases ("prefill", "decode") and state (its own static KV cache, at the plan's
+    ``bounds.kv_capacity``, and its persistent blocks) are those of a plan of their own; the target
+    gets a "verify" phase that processes ``num_draft + 1`` tokens per call. A rejected suffix is
+    rewound by moving the write position: nothing is allocated per round."""
+
+    num_draft: Positive
+    model: ModelInfo
+    state: list[StateTensor]
+    phases: list[Phase]
+    stats: Stats
 
 
 class Plan(_Base):
@@ -366,6 +490,8 @@ class Plan(_Base):
     envelope: Envelope
     stats: Stats
     compile: CompileRequest | None = None  # None in plans not written by the compiler (tests)
+    vision: Vision | None = None  # vision-language plans only
+    draft: Draft | None = None  # speculative decoding: the draft model's part (compile --draft)
     # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
     # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.
     digest: Sha256 | Literal[""] = ""

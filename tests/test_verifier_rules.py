@@ -13,6 +13,7 @@ from dctms.schema.types import (
     Binding,
     Buffer,
     CompileRequest,
+    EnvelopePart,
     Intermediate,
     LengthAffine,
     Lengths,
@@ -37,7 +38,7 @@ def tensor(plan: Plan, tensor_id: str, **changes) -> Plan:
 
 
 def op(plan: Plan, op_index: int, /, **changes) -> Plan:
-    ops = [replace(o, **changes) if o.index == op_index else o for o in plan.phases[0].ops]
+    ops = [replace(o, **changes) if i == op_index else o for i, o in enumerate(plan.phases[0].ops)]
     return phase(plan, ops=ops)
 
 
@@ -101,7 +102,6 @@ def _with_lengths(plan: Plan, **changes) -> Plan:
 
 
 CASES: list[tuple[str, str, Break]] = [
-    ("unique_ids", "op index differs from position", lambda p: op(p, 5, index=6)),
     ("unique_ids", "duplicate tensor id", lambda p: tensor(p, "t2", id="t0")),
     (
         "unique_ids",
@@ -507,10 +507,22 @@ CASES: list[tuple[str, str, Break]] = [
     ("runner_names", "a prefill phase without last_index", lambda p: _with_prefill(p)),
     ("runner_names", "decode input renamed", lambda p: _with_prefill(binding(p, "inputs", "pos", name="pos"))),
     ("runner_names", "next_token renamed", lambda p: _with_prefill(binding(p, "outputs", "out", name="token"))),
+    ("compile_request", "kv bits differ from bounds.kv", lambda p: with_request(p, kv_bits=4)),
+    (
+        "quantized_start",
+        "a quantised KV cache without its prefill_start phase",
+        lambda p: _with_prefill(nested(p, "bounds", kv=replace(p.bounds.kv, bits=4, group_size=32))),
+    ),
+    (
+        "quantized_start",
+        "a prefill_start phase over a float KV cache",
+        lambda p: replace(p, phases=[*p.phases, replace(P0(p), name="prefill_start")]),
+    ),
     ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
     ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),
     ("state_capacity", "cache written at a constant", lambda p: _state_written_at(p, "c_half")),
+    ("state_capacity", "a ring written at the position", lambda p: _ring(p, slots=16)),
     ("op_arguments", "a shape of 10^12", lambda p: op(p, 1, args=[[10**12, 8]])),
     # re-derived figures (schema/rules_derived.py); the first two only for runnable plans
     ("persistent_state", "no persistent state", lambda p: _with_prefill(p)),
@@ -518,6 +530,14 @@ CASES: list[tuple[str, str, Break]] = [
     ("dynamic_scratch", "DynamicSliceUpdate without its offset", lambda p: _no_dynamic_scratch(p)),
     ("run_ahead", "run-ahead declared, lifetimes not widened",
      lambda p: nested(p, "target", run_ahead_dispatches=10)),  # fmt: skip
+    # speculative decoding (schema/rules_draft.py; tests/test_speculative.py breaks real plans)
+    ("speculative", "envelope parts without a draft",
+     lambda p: nested(p, "envelope", parts=[EnvelopePart("target", 256, 256, 0, 128)])),  # fmt: skip
+    ("speculative", "a verify phase without a draft",
+     lambda p: replace(p, phases=[P0(p), replace(P0(p), name="verify")])),  # fmt: skip
+    # vision-language plans (schema/rules_vision.py; tests/test_vision.py breaks real plans)
+    ("vision", "a vision phase without a vision section",
+     lambda p: replace(p, phases=[P0(p), replace(P0(p), name="vision")])),  # fmt: skip
 ]
 
 
@@ -535,6 +555,14 @@ def _with_prefill(plan: Plan) -> Plan:
 def _no_dynamic_scratch(plan: Plan) -> Plan:
     plan = op(plan, 3, scratch=0)
     return phase(plan, tensors=[t for t in P0(plan).tensors if t.id != "scratch.3"])
+
+
+def _ring(plan: Plan, slots: int) -> Plan:
+    """The cache declared a sliding-window ring (its writes stay at the plain position)."""
+    from dctms.schema.types import SlidingWindow
+
+    state = [replace(s, window=SlidingWindow(window=4, slots=slots)) for s in plan.state]
+    return replace(plan, state=state)
 
 
 def _state_written_at(plan: Plan, index_id: str) -> Plan:

@@ -29,7 +29,6 @@ from dctms.schema.types import (
     Constant,
     Envelope,
     Generator,
-    KVStorage,
     LengthAffine,
     Lengths,
     ModelInfo,
@@ -38,6 +37,7 @@ from dctms.schema.types import (
     Plan,
     Quantization,
     Scratch,
+    SlidingWindow,
     StateTensor,
     Stats,
     SyncPoint,
@@ -47,11 +47,13 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign, limits
+from dctms.toolkit import assign, caches, limits
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lengths import (
+    TOKEN_STEP,
     TOKENS,
     WINDOW,
+    WINDOW_STEP,
     LengthFit,
     NotAffine,
     digest,
@@ -72,7 +74,6 @@ from dctms.toolkit.trace import (
     TracedBinding,
     TracedPhase,
     build_model,
-    check_cache_support,
     kv_capacity,
     max_window,
 )
@@ -110,6 +111,17 @@ class CompileOptions:
     # Trace smaller lengths too and record the verified points the runner may run at (see
     # toolkit.lengths); off: fixed phases (the envelope is the same either way: `fit` probes so).
     real_lengths: bool = True
+    # The length grid's steps (None: toolkit.lengths' TOKEN_STEP / WINDOW_STEP).
+    token_step: int | None = None
+    window_step: int | None = None
+    # A quantised KV cache with mlx-lm's settings (generate_step's kv_bits, kv_group_size,
+    # quantized_kv_start); None: the cache in the activation dtype (see toolkit.caches).
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    quantized_kv_start: int = 0
+    # mlx-lm's max_kv_size: every layer a RotatingKVCache(max_kv_size, keep=4) (models without
+    # their own make_cache, as mlx-lm); None: the full cache.
+    max_kv_size: int | None = None
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -123,6 +135,9 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError(f"prefill chunk must be at least 1, got {opts.prefill_chunk}")
     if not 0 <= opts.pack_seconds <= 3600:
         raise DctmsError(f"--pack-seconds must be between 0 and 3600, got {opts.pack_seconds}")
+    for flag, step in (("--token-step", opts.token_step), ("--window-step", opts.window_step)):
+        if step is not None and step < 1:
+            raise DctmsError(f"{flag} must be at least 1, got {step}")
     if opts.sync_every < 0:
         raise DctmsError(f"--sync-every must be 0 (phase end only) or more, got {opts.sync_every}")
     if opts.alignment < 1 or opts.alignment & (opts.alignment - 1):
@@ -153,9 +168,60 @@ def compile_plan(
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
     use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
-    traced, capacity, fits = trace_source(source.config, headers, opts, settings, say)
+    part = plan_model(source, headers, opts, settings, say)
+    state, phases = part.state, part.phases
+    envelope = build_envelope(
+        weights=part.weights.total_bytes,
+        kv=sum(s.bytes for s in state if s.kind == "kv"),
+        persistent=sum(s.bytes for s in state if s.kind == "persistent"),
+        intermediate=max(p.arena_bytes + p.slack_bytes for p in phases),
+        backend=settings.backend,
+        device_memory=opts.device_memory,
+        cache_enabled=settings.allocator_slack > 0,
+    )
+    check_cast_overshoot(part.weights, envelope)
+    plan = emit_plan(
+        source, opts, settings, part.traced, part.capacity, part.weights, state, phases, envelope
+    )
+    self_check(plan)
+    return plan
+
+
+@dataclass(frozen=True)
+class ModelPart:
+    """Passes 1-4 of one model: its trace, cache capacity, weights fingerprint, phases, state."""
+
+    traced: Traced
+    capacity: int
+    weights: Weights
+    phases: list[Phase]
+    state: list[StateTensor]
+
+
+# More phases traced with a model's tracer (speculative decoding's verify): called with the tracer,
+# the largest window and whether to fit lengths; returns each phase with its fit (or why none).
+MorePhases = Callable[[PhaseTracer, int, bool], list[tuple[TracedPhase, "LengthFit | str | None"]]]
+
+
+def plan_model(
+    source: ModelFolder,
+    headers: list[HeaderTensor] | None,
+    opts: CompileOptions,
+    settings: Settings,
+    say: Callable[[str], None],
+    *,
+    extra_positions: int = 0,
+    more_phases: MorePhases | None = None,
+    pack_seconds: float | None = None,
+) -> ModelPart:
+    """Trace one model and plan each of its phases (``pack_seconds``: their packing budget, by
+    default ``opts.pack_seconds``); ``extra_positions`` enlarges the KV cache beyond N + M."""
+    traced, capacity, fits = trace_source(
+        source.config, headers, opts, settings, say, extra_positions, more_phases
+    )
     weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
     ridge = ridge_point(settings.profile)
+    budget = opts.pack_seconds if pack_seconds is None else pack_seconds
     phases = []
     for tp in traced.phases:
         say(f"planning {tp.name}: {len(tp.ops)} primitives")
@@ -166,26 +232,13 @@ def compile_plan(
                 opts.alignment,
                 opts.sync_every,
                 settings.allocator_slack,
-                opts.pack_seconds / len(traced.phases),
+                budget / len(traced.phases),
                 fits.get(tp.name),
-                _candidates(tp.name, fits.get(tp.name), opts.input_tokens),
+                _candidates(fits.get(tp.name), opts),
                 say,
             )
         )
-    state = state_tensors(traced, settings.allocator_slack)
-    envelope = build_envelope(
-        weights=weights.total_bytes,
-        kv=sum(s.bytes for s in state if s.kind == "kv"),
-        persistent=sum(s.bytes for s in state if s.kind == "persistent"),
-        intermediate=max(p.arena_bytes + p.slack_bytes for p in phases),
-        backend=settings.backend,
-        device_memory=opts.device_memory,
-        cache_enabled=settings.allocator_slack > 0,
-    )
-    check_cast_overshoot(weights, envelope)
-    plan = emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
-    self_check(plan)
-    return plan
+    return ModelPart(traced, capacity, weights, phases, state_tensors(traced, settings.allocator_slack))
 
 
 def check_cast_overshoot(weights: Weights, envelope) -> None:
@@ -223,29 +276,44 @@ def trace_source(
     opts: CompileOptions,
     settings: Settings,
     say: Callable[[str], None],
+    extra_positions: int = 0,
+    more_phases: MorePhases | None = None,
 ) -> tuple[Traced, int, dict[str, LengthFit]]:
     """Pass 1: build the model with lazy weights, trace both phases at their largest lengths and
-    (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one)."""
+    (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one).
+    ``extra_positions``: cache positions beyond N + M; ``more_phases``: phases traced besides."""
     say(f"building {config.get('model_type')} {settings.dtype} model (lazy weights)")
     stored = {h.name: h.dtype for h in headers} if headers else None
     # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
-    num_layers = check_cache_support(model)
+    windows = caches.check_cache_support(model, opts.max_kv_size)
+    num_layers = len(windows)
     chunk = settings.prefill_chunk
-    capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
+    capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
-    tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
+    quant = caches.kv_quantization(opts)
+    rings = caches.rings_for(windows, chunk, capacity)
+    tracer = PhaseTracer(
+        model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
+    )
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
-    traced = tracer.traced([prefill, decode])
+    start = [tracer.prefill(chunk, chunk, caches.PREFILL_START)] if quant else []
+    more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
+    traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return traced, capacity, fits
+    found_start = (
+        [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))] if quant else []
+    )
     for name, found in (
+        *found_start,
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
         ("decode", _fit_decode(tracer, decode, window)),
+        *((tp.name, found) for tp, found in more),
     ):
         if isinstance(found, str):
             say(f"{name}: fixed lengths ({found})")
@@ -293,19 +361,37 @@ def _fit_decode(tracer: PhaseTracer, bound: TracedPhase, window: int):
         return str(err)
 
 
-def _candidates(name: str, lf: LengthFit | None, input_tokens: int) -> list[tuple[int, ...]]:
-    """The length combinations the runner may ask for, in the fit's ``names`` order."""
+def _candidates(lf: LengthFit | None, opts: CompileOptions) -> list[tuple[int, ...]]:
+    """The length combinations the runner may ask for, in the fit's ``names`` order, on the
+    grid ``opts`` chooses."""
     if lf is None:
         return []
+    token_step, window_step = grid_steps(opts)
     if len(lf.names) == 2:
-        return prefill_candidates(lf.bound[0], lf.bound[1], input_tokens)
-    return single_candidates(lf.names[0], lf.bound[0])
+        return prefill_candidates(lf.bound[0], lf.bound[1], opts.input_tokens, token_step)
+    return single_candidates(lf.names[0], lf.bound[0], token_step, window_step)
+
+
+def grid_steps(opts: CompileOptions) -> tuple[int, int]:
+    """The (token, window) steps of the length grid: as given, else the defaults."""
+    return (
+        TOKEN_STEP if opts.token_step is None else opts.token_step,
+        WINDOW_STEP if opts.window_step is None else opts.window_step,
+    )
 
 
 def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
     """The KV cache (the decode phase's state inputs) and the runner's persistent byte blocks."""
     kv = [
-        StateTensor(b.name, "kv", list(b.shape), b.dtype, nbytes(b.shape, b.dtype))
+        StateTensor(
+            b.name,
+            "kv",
+            list(b.shape),
+            b.dtype,
+            nbytes(b.shape, b.dtype),
+            window=SlidingWindow(*traced.rings[b.name]) if b.name in traced.rings else None,
+            recurrent=b.name in traced.recurrent,
+        )
         for b in traced.phase("decode").inputs
         if b.kind == "state"
     ]
@@ -338,7 +424,6 @@ def emit_plan(
 ) -> Plan:
     """Emit: assemble the plan document from the passes' results."""
     config = source.config
-    quant = config.get("quantization")
     return Plan(
         schema_version=SCHEMA_VERSION,
         generator=Generator(dctms.__version__, mx.__version__, _mlx_lm_version()),
@@ -348,23 +433,10 @@ def emit_plan(
             batch=opts.batch,
             prefill_chunk=settings.prefill_chunk,
             dtype=settings.dtype,
-            kv=KVStorage(dtype=traced.kv.dtype),
+            kv=caches.kv_storage(traced.kv.dtype, opts),
             kv_capacity=capacity,
         ),
-        model=ModelInfo(
-            architecture=str(config.get("model_type")),
-            config_sha256=source.config_sha256,
-            num_layers=traced.num_layers,
-            vocab_size=traced.vocab_size,
-            weights=weights,
-            quantization=(
-                Quantization(
-                    int(quant["group_size"]), int(quant["bits"]), quant.get("mode", "affine")
-                )
-                if quant and "bits" in quant
-                else None
-            ),
-        ),
+        model=model_info(source, traced, weights),
         target=Target(
             backend=settings.backend,
             alignment=opts.alignment,
@@ -379,6 +451,23 @@ def emit_plan(
         stats=table1_stats(phases),
         # The inputs as given, so `dctms check` can re-compile exactly this plan.
         compile=CompileRequest(config=config, **asdict(opts)),
+    )
+
+
+def model_info(source: ModelFolder, traced: Traced, weights: Weights) -> ModelInfo:
+    """The plan's record of one model: architecture, config hash, layers, vocabulary, weights."""
+    quant = source.config.get("quantization")
+    return ModelInfo(
+        architecture=str(source.config.get("model_type")),
+        config_sha256=source.config_sha256,
+        num_layers=traced.num_layers,
+        vocab_size=traced.vocab_size,
+        weights=weights,
+        quantization=(
+            Quantization(int(quant["group_size"]), int(quant["bits"]), quant.get("mode", "affine"))
+            if quant and "bits" in quant
+            else None
+        ),
     )
 
 
@@ -584,11 +673,10 @@ def emit_phase(
 ) -> Phase:
     """Emit one phase: ops in execution order, tensor records by variant, buffers, sync points."""
     ops = []
-    for p, i in enumerate(sched.order):
+    for p, i in enumerate(sched.order):  # an op's index in the plan is its position p
         op = tp.ops[i]
         ops.append(
             Op(
-                index=p,
                 primitive=op.primitive,
                 inputs=list(op.inputs),
                 outputs=list(op.outputs),
@@ -599,6 +687,7 @@ def emit_phase(
             )
         )
     outputs = {b.id for b in tp.outputs if b.kind == "output"}
+    fresh_state = {b.id for b in tp.outputs if b.kind == "state"}
     tensors = []
     # Scratch after the op's outputs: by (producer position, scratch last).
     for t, life in sorted(
@@ -617,6 +706,8 @@ def emit_phase(
             view_of=life.root if life.kind in ("view", "state") else None,
         )
         kind = _plan_kind(life, outputs)
+        if kind == "intermediate" and t in fresh_state:
+            kind = "output"  # a recurrent state made anew by this call (toolkit.caches)
         if kind == "scratch":
             tensors.append(Scratch(**fields, op=life.scratch_of))
         else:

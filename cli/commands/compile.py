@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from dctms.cli.compile_options import add_compile_options, compile_options
+from dctms.cli.compile_options import add_compile_options, add_plan_kind_options, compile_options
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
 
@@ -27,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-M", "--output-tokens", type=int, required=True, help="most generated tokens")
     p.add_argument("-o", "--output", metavar="PLAN", help="plan file to write (default: stdout)")
     add_compile_options(p, memory_required=False)
+    add_plan_kind_options(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             raise DctmsError("-o '': empty path (use - for stdout)")
         return _run(args, None)
     # Checked (and the file reserved) before any work: never onto the model, a device or a folder.
-    inputs = model_inputs(args.model)
+    inputs = model_inputs(args.model) + (model_inputs(args.draft) if args.draft else [])
     with reserve_output(args.output, inputs=inputs, label=f"-o {args.output}") as target:
         return _run(args, target)
 
@@ -51,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, target) -> int:
     # The compiler (mlx.nn, numpy, mlx-lm) is imported here, not at parse time, so other
     # subcommands -- `dctms run` above all -- never load it.
-    import dataclasses
-
-    import dctms
+    from dctms.cli.compile_options import plan_kind
     from dctms.schema.io import encode_plan
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.plan_kinds import compile_kind
 
     start = time.perf_counter()
 
@@ -65,10 +66,7 @@ def _run(args: argparse.Namespace, target) -> int:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
 
     opts = compile_options(args, args.input_tokens, args.output_tokens)
-    # Built on the Python API: every compile option is one of dctms.compile_plan's keywords.
-    keywords = dataclasses.asdict(opts)
-    keywords["memory"] = keywords.pop("device_memory")
-    plan = dctms.compile_plan(args.model, progress=progress, **keywords)
+    plan = compile_kind(open_model(args.model), opts, plan_kind(args), progress)
     if target is not None:
         target.write(encode_plan(plan))
         progress(f"wrote {args.output}")
@@ -87,3 +85,4 @@ def _run(args: argparse.Namespace, target) -> int:
         )
         return 1
     return 0
+
