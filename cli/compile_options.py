@@ -125,6 +125,34 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         action="store_true",
         help="record the sha256 of every safetensors file (reads all weights once)",
     )
+    dist = parser.add_argument_group("distributed (mlx.distributed ranks; see README Distributed)")
+    dist.add_argument(
+        "--ranks", type=int, default=1, metavar="R", help="split the model over R ranks (default 1)"
+    )
+    dist.add_argument(
+        "--parallel",
+        choices=["pipeline", "tensor"],
+        help="how mlx-lm splits it: pipeline(group) (layers) or shard(group) (tensor parallel)",
+    )
+    dist.add_argument(
+        "--split",
+        metavar="count|memory|N,N,..",
+        help="pipeline: layers per rank by count (mlx-lm's default), the split that minimises the "
+        "largest per-rank M_max (memory; compile only), or given per rank (rank 0 runs the last)",
+    )
+
+
+def rank_split(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """``--split`` as layers per rank; None for count (mlx-lm's default) and memory (searched)."""
+    text = getattr(args, "split", None)
+    if text is None or text in ("count", "memory"):
+        return None
+    try:
+        return tuple(int(n) for n in text.split(","))
+    except ValueError:
+        raise DctmsError(
+            f"--split: expected count, memory or comma-separated layer counts, got {text!r}"
+        ) from None
 
 
 def memory_budget(args: argparse.Namespace) -> int | None:
@@ -166,6 +194,9 @@ def compile_options(
         max_kv_size=args.max_kv_size,
         token_step=args.token_step,
         window_step=args.window_step,
+        ranks=args.ranks,
+        parallel=args.parallel,
+        split=rank_split(args),
     )
 
 

@@ -20,6 +20,7 @@ from dctms.figures.overview import table1 as table1_figures
 from dctms.figures.units import MIB
 from dctms.figures.vision import stream_rows
 from dctms.schema.types import Plan
+from dctms.views.ranks import rank_section
 
 
 def show_text(plan: Plan) -> str:
@@ -27,6 +28,9 @@ def show_text(plan: Plan) -> str:
     sections = [_header(plan), _bounds(plan), _envelope(plan), _table1(plan), _arena(plan)]
     if plan.draft is not None:
         sections.insert(3, _models(plan))
+    ranked = rank_section(plan)
+    if ranked is not None:
+        sections.insert(1, ranked)
     if any(p.lengths for p in plan.phases):
         sections.append(_lengths(plan))
     if plan.vision is not None:
@@ -104,7 +108,9 @@ def _lengths(plan: Plan) -> str:
         if p.lengths is None:
             lines.append(f"  {p.name:<10} fixed: every call padded to the planned shapes")
             continue
-        varies = ", ".join(f"{n} <= {b}" for n, b in zip(p.lengths.names, p.lengths.bound, strict=True))
+        varies = ", ".join(
+            f"{n} <= {b}" for n, b in zip(p.lengths.names, p.lengths.bound, strict=True)
+        )
         places = sum(len(f.at) for f in p.lengths.affine)
         lines.append(
             f"  {p.name:<10} {varies}; {len(p.lengths.points)} verified points, "
