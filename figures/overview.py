@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dctms.figures.ranks import rank_label
 from dctms.schema.types import Plan
 
 # The paper's Table 1 (logical tensors -> physical buffers), shown for comparison.
@@ -60,7 +61,7 @@ def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
         ("prefill chunk", str(b.prefill_chunk)),
         ("dtype", b.dtype),
         ("KV cache", f"{kv_storage(plan)}, capacity {b.kv_capacity} positions"),
-    ]
+    ] + ([("rank", rank_label(plan))] if plan.distributed is not None else [])
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from dctms.runner import primitives
+from dctms.runner.collectives import has_collectives
 from dctms.runner.lengths import LengthTable
 from dctms.runner.primitives import apply_op, args_from_json, dtype_from_name
 from dctms.schema.types import Phase
@@ -157,8 +158,9 @@ class PhaseProgram:
         self.segments = _segments(ops_by_segment, drops, phase, kept_outputs)
         bound = self.lengths.bound
         self._variants = {bound: _Variant(bound, [tuple(s) for s in ops_by_segment])}
-        self.replay = replay
-        self._files = tempfile.TemporaryDirectory(prefix="dctms-replay-") if replay else None
+        # MLX's exporter cannot record mlx.distributed's primitives: a rank's phase runs op by op.
+        self.replay = replay and not has_collectives(op.primitive for op in phase.ops)
+        self._files = tempfile.TemporaryDirectory(prefix="dctms-replay-") if self.replay else None
 
     def variant(self, point: tuple[int, ...]) -> _Variant:
         """The phase's steps at a verified length point (made once, then kept)."""

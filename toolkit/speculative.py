@@ -229,6 +229,10 @@ def trace_verify(tracer: PhaseTracer, tokens: int, window: int) -> TracedPhase:
         raise DctmsError(
             "--draft with --kv-bits: a quantised KV cache is not planned for speculative decoding yet"
         )
+    if any(tracer.layout.rings):
+        raise DctmsError(
+            "--draft: speculative decoding over a sliding-window or recurrent cache is not planned yet"
+        )
 
     def fn(tokens_, position, **kw):
         model = tracer.model

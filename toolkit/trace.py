@@ -234,9 +234,11 @@ class _ProbeCache:
     def __init__(self) -> None:
         self.offset = 0
         self.shapes: tuple | None = None
+        self.keys: mx.array | None = None  # read back by mlx-lm's pipeline stages (mx.depends)
 
     def update_and_fetch(self, k: mx.array, v: mx.array):
         self.shapes = (tuple(k.shape), tuple(v.shape), k.dtype)
+        self.keys = k
         return k, v
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):

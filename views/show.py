@@ -18,7 +18,9 @@ from dctms.figures.overview import (
 )
 from dctms.figures.overview import table1 as table1_figures
 from dctms.figures.units import MIB
+from dctms.figures.vision import stream_rows
 from dctms.schema.types import Plan
+from dctms.views.ranks import rank_section
 
 
 def show_text(plan: Plan) -> str:
@@ -26,8 +28,13 @@ def show_text(plan: Plan) -> str:
     sections = [_header(plan), _bounds(plan), _envelope(plan), _table1(plan), _arena(plan)]
     if plan.draft is not None:
         sections.insert(3, _models(plan))
+    ranked = rank_section(plan)
+    if ranked is not None:
+        sections.insert(1, ranked)
     if any(p.lengths for p in plan.phases):
         sections.append(_lengths(plan))
+    if plan.vision is not None:
+        sections.append(_vision(plan))
     return "\n\n".join(sections) + "\n"
 
 
@@ -101,7 +108,9 @@ def _lengths(plan: Plan) -> str:
         if p.lengths is None:
             lines.append(f"  {p.name:<10} fixed: every call padded to the planned shapes")
             continue
-        varies = ", ".join(f"{n} <= {b}" for n, b in zip(p.lengths.names, p.lengths.bound, strict=True))
+        varies = ", ".join(
+            f"{n} <= {b}" for n, b in zip(p.lengths.names, p.lengths.bound, strict=True)
+        )
         places = sum(len(f.at) for f in p.lengths.affine)
         lines.append(
             f"  {p.name:<10} {varies}; {len(p.lengths.points)} verified points, "
@@ -109,4 +118,24 @@ def _lengths(plan: Plan) -> str:
         )
         lines.append(f"  {'':<10} grid: {grid_text(p)}")
     lines.append(f"  grid steps: {grid_steps_text(plan)}")
+    return "\n".join(lines)
+
+
+def _vision(plan: Plan) -> str:
+    """A vision-language plan's image bounds and its streams."""
+    v = plan.vision
+    sizes = f"{len(v.variants)} size(s) up to {v.image_size[0]}x{v.image_size[1]}"
+    lines = [
+        f"vision-language ({v.family}, {v.resolution} resolution): at most {v.images} images, "
+        f"{sizes}, at most {v.tokens_per_image} tokens each; features table {v.feature_rows} x "
+        f"{v.hidden_size}",
+        "  streams: "
+        + ("overlapped (one call of each at once)" if v.overlap else "taking turns (serial)"),
+    ]
+    for row in stream_rows(plan):
+        phases = ", ".join(row.phases) if len(row.phases) <= 4 else (
+            f"{row.phases[0]} ... {row.phases[-1]} ({len(row.phases)} phases)"
+        )
+        call = f"; largest call {row.largest_call:,} bytes" if row.largest_call else ""
+        lines.append(f"  {row.name:<8} MLX stream {row.mlx_stream}: {phases}{call}")
     return "\n".join(lines)
