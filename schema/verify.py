@@ -33,6 +33,7 @@ from dctms.schema import (
     rules_graph,
     rules_lengths,
     rules_memory,
+    rules_modules,
     rules_request,
     rules_runner,
     rules_totals,
@@ -83,6 +84,8 @@ RULES: dict[str, Rule] = {
     "run_ahead": rules_derived.run_ahead,
     "lengths": rules_lengths.lengths,
     "compile_request": rules_request.compile_request,
+    "module_tree": rules_modules.module_tree,
+    "module_runs": rules_modules.module_runs,
 }
 
 

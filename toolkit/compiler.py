@@ -63,6 +63,7 @@ from dctms.toolkit.lengths import (
 )
 from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, PhaseLives, analyse
 from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
+from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import Schedule, build_schedule
 from dctms.toolkit.trace import (
@@ -184,6 +185,7 @@ def compile_plan(
     )
     check_cast_overshoot(weights, envelope)
     plan = emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
+    plan = attach_modules(plan, traced.phases)
     self_check(plan)
     return plan
 
@@ -238,7 +240,8 @@ def trace_source(
     tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
-    prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
+    prefill = tracer.prefill(chunk, prompt_window, paths=True)
+    decode = tracer.decode(window, paths=True)
     traced = tracer.traced([prefill, decode])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
