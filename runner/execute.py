@@ -38,7 +38,7 @@ RECORD_AFTER = 0  # runs of a variant in Python before its graph is recorded (th
 
 @dataclass(frozen=True)
 class _Step:
-    index: int  # the plan op's index
+    index: int  # the plan op's index (its position in Phase.ops)
     primitive: str
     args: list
     inputs: tuple[str, ...]
@@ -111,12 +111,13 @@ class PhaseProgram:
             segment_of_slot[s] = k
         ops_by_segment: list[list[_Step]] = [[] for _ in bounds]
         last_segment: dict[str, int] = {}
-        order = sorted(phase.ops, key=lambda op: (slot_of[op.index], op.index))
-        for op in order:
-            seg = segment_of_slot[slot_of[op.index]]
+        order = sorted(range(len(phase.ops)), key=lambda i: (slot_of[i], i))
+        for index in order:
+            op = phase.ops[index]
+            seg = segment_of_slot[slot_of[index]]
             ops_by_segment[seg].append(
                 _step(
-                    op.index,
+                    index,
                     op.primitive,
                     args_from_json(op.args, op.primitive),
                     tuple(op.inputs),

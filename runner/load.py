@@ -45,10 +45,10 @@ def check_runtime(plan: Plan) -> None:
                 "the runner executes prefill and decode"
             )
     for phase in plan.phases:
-        for op in phase.ops:
+        for index, op in enumerate(phase.ops):
             if op.primitive not in SUPPORTED:
                 raise DctmsError(
-                    f"plan uses primitive {op.primitive} (phase {phase.name}, op {op.index}), "
+                    f"plan uses primitive {op.primitive} (phase {phase.name}, op {index}), "
                     f"which this runner cannot execute (mlx {mx.__version__})"
                 )
 

@@ -58,7 +58,7 @@ def check_allocation(
         writes, stray = state_writes(phase)
         if stray:
             raise DctmsError(
-                f"{phase.name} op {phase.ops[stray[0].op_position].index} writes state "
+                f"{phase.name} op {stray[0].op_position} writes state "
                 f"{stray[0].state} at an index the runner does not bound"
             )
         for w in writes:
@@ -78,14 +78,13 @@ def throttle_limit(plan: Plan) -> int:
     within the envelope."""
     largest = 0
     for phase in plan.phases:
-        position = {op.index: k for k, op in enumerate(phase.ops)}
         made = [0] * len(phase.ops)
         producer = {t: k for k, op in enumerate(phase.ops) for t in op.outputs}
         for t in phase.tensors:
             if t.view_of is not None or t.kind == "state":
                 continue
             if isinstance(t, Scratch):
-                k = position.get(t.op)
+                k = t.op if 0 <= t.op < len(phase.ops) else None
             else:
                 k = producer.get(t.id)
             if k is not None:

@@ -15,7 +15,9 @@ from dctms.schema.types import Binding, Phase, Plan, Scratch, Tensor
 class PhaseIndex:
     phase: Phase
     path: str  # "$.phases[i]"
-    op_at_index: dict[int, int] = field(default_factory=dict)  # Op.index -> position in ops
+    # An op's index is its position in ``ops``: the valid indices, each mapped to itself (a slot or
+    # scratch tensor naming another index names no op).
+    op_at_index: dict[int, int] = field(default_factory=dict)
     slot_of: dict[int, int] = field(default_factory=dict)  # op position -> slot
     producer: dict[str, int] = field(default_factory=dict)  # tensor id -> producing op position
     consumers: dict[str, list[int]] = field(default_factory=dict)  # id -> consuming op positions
@@ -58,7 +60,7 @@ def scratch_owner(tensor: Tensor, op_at_index: dict[int, int]) -> int | None:
 def build_index(phase: Phase, path: str) -> PhaseIndex:
     index = PhaseIndex(phase=phase, path=path)
     for position, op in enumerate(phase.ops):
-        index.op_at_index.setdefault(op.index, position)
+        index.op_at_index[position] = position
         for tensor_id in op.outputs:
             index.producer.setdefault(tensor_id, position)
         for tensor_id in op.inputs:

@@ -11,7 +11,7 @@ Finding = tuple[str, str]  # (JSON path, message); the verifier adds the rule na
 
 
 def unique_ids(ix: PlanIndex) -> Iterator[Finding]:
-    """Names and ids are unique; op.index is the op's position; op outputs <-> Tensor records."""
+    """Names and ids are unique; op outputs <-> Tensor records."""
     plan = ix.plan
     yield from _duplicates([p.name for p in plan.phases], "$.phases[{}].name", "phase name")
     yield from _duplicates([s.name for s in plan.state], "$.state[{}].name", "state name")
@@ -26,12 +26,6 @@ def unique_ids(ix: PlanIndex) -> Iterator[Finding]:
 
 def _phase_ids(px: PhaseIndex) -> Iterator[Finding]:
     phase, path = px.phase, px.path
-    for position, op in enumerate(phase.ops):
-        if op.index != position:
-            yield (
-                f"{px.op_path(position)}.index",
-                f"op index {op.index} differs from its position {position}",
-            )
     yield from _duplicates([t.id for t in phase.tensors], path + ".tensors[{}].id", "tensor id")
     yield from _duplicates(
         [b.id for b in phase.inputs], path + ".inputs[{}].id", "input binding id"
@@ -139,7 +133,7 @@ def slots_cover(ix: PlanIndex) -> Iterator[Finding]:
                     seen[op_index] = slot
         for position, op in enumerate(phase.ops):
             if position not in px.slot_of:
-                yield f"{px.op_path(position)}", f"op {op.index} is in no slot"
+                yield f"{px.op_path(position)}", f"op {position} is in no slot"
                 continue
             slot = px.slot_of[position]
             for tensor_id in op.inputs:
@@ -149,7 +143,7 @@ def slots_cover(ix: PlanIndex) -> Iterator[Finding]:
                 if px.slot_of[producer] >= slot:
                     yield (
                         f"{px.op_path(position)}",
-                        f"op {op.index} runs in slot {slot} but its input {tensor_id!r} is produced "
+                        f"op {position} runs in slot {slot} but its input {tensor_id!r} is produced "
                         f"in slot {px.slot_of[producer]} (must be earlier)",
                     )
 

@@ -158,11 +158,11 @@ def scratch(ix: PlanIndex) -> Iterator[Finding]:
             if op.scratch != t.bytes:
                 yield (
                     f"{px.tensor_path(i)}.bytes",
-                    f"{t.bytes} bytes, but op {op.index} declares {op.scratch} scratch bytes",
+                    f"{t.bytes} bytes, but op {position} declares {op.scratch} scratch bytes",
                 )
         for position, op in enumerate(px.phase.ops):
             if op.scratch and position not in have:
-                yield f"{px.op_path(position)}.scratch", f"op {op.index} has no scratch tensor"
+                yield f"{px.op_path(position)}.scratch", f"op {position} has no scratch tensor"
 
 
 def _expected_end(px: PhaseIndex, t: Tensor, outputs: set[str]) -> tuple[int | None, str]:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Bound byte counts so absurd sizes (10^30) are rejected at decode time: 2^53 bytes = 8 PiB.
 MAX_BYTES = 2**53
@@ -167,9 +167,10 @@ class Constant(_Base):
 
 
 class Op(_Base):
-    """One MLX primitive. ``args`` is the primitive's own argument list as MLX's exporter gives it."""
+    """One MLX primitive. ``args`` is the primitive's own argument list as MLX's exporter gives it.
 
-    index: Int
+    An op is named by its position in ``Phase.ops`` (slots, scratch owners, length places)."""
+
     primitive: Name
     inputs: list[Name]
     outputs: list[Name]
@@ -216,7 +217,7 @@ class StateView(Tensor, tag="state"):
 
 
 class Scratch(Tensor, tag="scratch", kw_only=True):
-    """A temporary MLX allocates inside op ``op`` (its ``Op.index``): uint8 of shape ``[bytes]``."""
+    """A temporary MLX allocates inside op ``op`` (its position in ``Phase.ops``): uint8 of shape ``[bytes]``."""
 
     op: Int
     kind: ClassVar[Literal["scratch"]] = "scratch"

@@ -9,6 +9,8 @@ line saying how to recompile them, and versions that never existed (< 1) as not 
 
 History: 1, the first format. 2, tensor records are a tagged union on ``kind`` (always written) and a
 scratch tensor names its op in ``op``; ``Target.backend`` and ``StateTensor.kind`` are closed sets.
+3, ``Op.index`` is gone: an op's index is its position in ``Phase.ops`` (the verifier required them
+equal, so the field only cost bytes: ~90 kB on a 7B plan).
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dctms.schema.errors import Problem
 from dctms.schema.types import SCHEMA_VERSION
 
-OLDEST_SUPPORTED = 2  # the reader understands exactly this range
+OLDEST_SUPPORTED = 3  # the reader understands exactly this range
 SCHEMA_ID = f"https://dctms.dev/schema/plan-v{SCHEMA_VERSION}.json"
 
 

@@ -108,12 +108,12 @@ def make_tiny_plan() -> Plan:
             Constant("c_floor", [1], "float16", [-math.inf]),
         ],
         ops=[
-            Op(0, "Gather", ["w_emb", "tok"], ["t0"], args=[[0], [1, 8]], memory_bound=True),
-            Op(1, "Reshape", ["t0"], ["t1"], args=[[1, 8]]),
-            Op(2, "Multiply", ["t1", "c_half"], ["t2"], layer=0, memory_bound=True),
-            Op(3, "DynamicSliceUpdate", ["k_in", "t0", "pos"], ["k_out"], args=[[1]], layer=0, scratch=8),
-            Op(4, "Maximum", ["t2", "c_floor"], ["t3"], layer=0),
-            Op(5, "ArgMax", ["t3"], ["out"], args=[1, False]),
+            Op("Gather", ["w_emb", "tok"], ["t0"], args=[[0], [1, 8]], memory_bound=True),
+            Op("Reshape", ["t0"], ["t1"], args=[[1, 8]]),
+            Op("Multiply", ["t1", "c_half"], ["t2"], layer=0, memory_bound=True),
+            Op("DynamicSliceUpdate", ["k_in", "t0", "pos"], ["k_out"], args=[[1]], layer=0, scratch=8),
+            Op("Maximum", ["t2", "c_floor"], ["t3"], layer=0),
+            Op("ArgMax", ["t3"], ["out"], args=[1, False]),
         ],
         tensors=[
             Intermediate("t0", [1, 1, 8], "float16", 16, [0, 2], buffer=0, offset=0),

@@ -72,7 +72,7 @@ def test_reading_a_plan_imports_no_mlx_and_no_compiler() -> None:
 
 def test_read_plan_refuses_a_broken_plan(tmp_path: Path) -> None:
     path = tmp_path / "x.plan"
-    path.write_text('{"schema_version": 2}')
+    path.write_text('{"schema_version": 3}')
     with pytest.raises(dctms.PlanError) as err:
         dctms.read_plan(path)
     assert err.value.problems and str(path) in str(err.value)

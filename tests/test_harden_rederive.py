@@ -65,10 +65,12 @@ def test_runtime_lowered(document):
 def test_a_scratch_tensor_removed_with_its_op_scratch(document):
     doc = copy.deepcopy(document)
     phase = _decode_phase(doc)
-    op = next(o for o in phase["ops"] if o["primitive"] == "DynamicSliceUpdate")
+    index, op = next(
+        (i, o) for i, o in enumerate(phase["ops"]) if o["primitive"] == "DynamicSliceUpdate"
+    )
     del op["scratch"]
     phase["tensors"] = [
-        t for t in phase["tensors"] if not (t["kind"] == "scratch" and t["op"] == op["index"])
+        t for t in phase["tensors"] if not (t["kind"] == "scratch" and t["op"] == index)
     ]
     stats = doc["stats"]
     stats["logical_tensors"] -= 1

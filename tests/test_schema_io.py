@@ -41,7 +41,7 @@ def test_layout_one_record_per_line(tiny_plan: Plan) -> None:
     assert sum('"interval":' in line for line in lines) == len(phase.tensors)
     assert "        [1,3]," in lines  # one slot per line, compact
     assert (
-        '        {"index":2,"primitive":"Multiply","inputs":["t1","c_half"],"outputs":["t2"],'
+        '        {"primitive":"Multiply","inputs":["t1","c_half"],"outputs":["t2"],'
         '"layer":0,"memory_bound":true},' in lines
     )
     assert all(not line.endswith(" ") for line in lines)
@@ -158,6 +158,22 @@ def test_older_schema_version_says_how_to_recompile(tiny_plan_bytes: bytes) -> N
     assert len(err.value.problems) == 1
     assert str(err.value) == (
         f"old.plan: plan schema_version 1 is older than this dctms ({SCHEMA_VERSION}): "
+        "recompile it with `dctms compile`"
+    )
+
+
+def test_a_v2_plan_with_op_indices_is_refused_in_one_line(tiny_plan_bytes: bytes) -> None:
+    # Schema 2 wrote each op's position as "index"; 3 dropped it. The version wins over the field.
+    def as_v2(document: dict) -> None:
+        document["schema_version"] = 2
+        for phase in document["phases"]:
+            phase["ops"] = [{"index": i, **op} for i, op in enumerate(phase["ops"])]
+
+    with pytest.raises(PlanError) as err:
+        decode_plan(_mutated(tiny_plan_bytes, as_v2), "v2.plan")
+    assert len(err.value.problems) == 1
+    assert str(err.value) == (
+        f"v2.plan: plan schema_version 2 is older than this dctms ({SCHEMA_VERSION}): "
         "recompile it with `dctms compile`"
     )
 

@@ -465,7 +465,7 @@ def test_7b_paints_and_scrolls(tmp_path: Path):
         ops = app.screen.query_one("#ops", VirtualTable)
         assert ops.row_count == len(plan.phases[1].ops)
         await keys(pilot, "end")
-        assert ops.selected_key == str(plan.phases[1].ops[-1].index)
+        assert ops.selected_key == str(len(plan.phases[1].ops) - 1)
         await keys(pilot, "2")
         curve = app.screen.query_one(MemoryCurve)
         assert max(curve.curve) == plan.phases[1].lower_bound_bytes

@@ -37,7 +37,7 @@ def tensor(plan: Plan, tensor_id: str, **changes) -> Plan:
 
 
 def op(plan: Plan, op_index: int, /, **changes) -> Plan:
-    ops = [replace(o, **changes) if o.index == op_index else o for o in plan.phases[0].ops]
+    ops = [replace(o, **changes) if i == op_index else o for i, o in enumerate(plan.phases[0].ops)]
     return phase(plan, ops=ops)
 
 
@@ -101,7 +101,6 @@ def _with_lengths(plan: Plan, **changes) -> Plan:
 
 
 CASES: list[tuple[str, str, Break]] = [
-    ("unique_ids", "op index differs from position", lambda p: op(p, 5, index=6)),
     ("unique_ids", "duplicate tensor id", lambda p: tensor(p, "t2", id="t0")),
     (
         "unique_ids",

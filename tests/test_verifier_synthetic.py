@@ -163,7 +163,6 @@ def build_plan(specs: list[OpSpec], outputs: set[int], alignment: int = 64) -> P
         constants=[],
         ops=[
             Op(
-                i,
                 _primitive(s),
                 s.inputs,
                 [ids[i]],
@@ -354,7 +353,7 @@ def _brute_force_last_use(phase: Phase) -> set[int]:
             continue
         read = max(
             [start]
-            + [slot_of[o.index] for o in phase.ops if t.id in o.inputs]
+            + [slot_of[i] for i, o in enumerate(phase.ops) if t.id in o.inputs]
             + [v.interval[1] for v in phase.tensors if v.view_of == t.id]
         )
         if not read <= end <= min(k for k in syncs if k >= read):
@@ -393,7 +392,7 @@ def test_sync_evaluate_rule_matches_brute_force(graph, seed: int) -> None:
     phase = plan.phases[0]
     rng = random.Random(seed)
     slot_of = {i: k for k, members in enumerate(phase.slots) for i in members}
-    made = {tid: slot_of[o.index] for o in phase.ops for tid in o.outputs}
+    made = {tid: slot_of[i] for i, o in enumerate(phase.ops) for tid in o.outputs}
     syncs = [sp.slot for sp in phase.sync_points]
     # Every op output is evaluated at a random sync point, or (sometimes) at none.
     evaluate: list[list[str]] = [[] for _ in syncs]
@@ -412,9 +411,9 @@ def test_sync_evaluate_rule_matches_brute_force(graph, seed: int) -> None:
     )
     never = sum(1 for b in phase.outputs if not any(b.id in e for e in evaluate))
     readers = {}
-    for o in phase.ops:
+    for i, o in enumerate(phase.ops):
         for tid in o.inputs:
-            readers.setdefault(tid, []).append(slot_of[o.index])
+            readers.setdefault(tid, []).append(slot_of[i])
     closing = {tid: min(x for x in syncs if x >= slot) for tid, slot in made.items()}
     not_evaluated = sum(
         1

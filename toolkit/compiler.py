@@ -587,11 +587,10 @@ def emit_phase(
 ) -> Phase:
     """Emit one phase: ops in execution order, tensor records by variant, buffers, sync points."""
     ops = []
-    for p, i in enumerate(sched.order):
+    for p, i in enumerate(sched.order):  # an op's index in the plan is its position p
         op = tp.ops[i]
         ops.append(
             Op(
-                index=p,
                 primitive=op.primitive,
                 inputs=list(op.inputs),
                 outputs=list(op.outputs),

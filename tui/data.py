@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from dctms.figures.memory import live_at, memory_curve, peak
 from dctms.figures.units import human
+from dctms.schema.numbered import NumberedOp, numbered_ops
 from dctms.schema.sizes import align_up, is_arena_tenant
-from dctms.schema.types import Op, Phase, Plan, Scratch, Tensor
+from dctms.schema.types import Phase, Plan, Scratch, Tensor
 
 
 def fmt_shape(shape: list[int]) -> str:
@@ -32,11 +33,12 @@ class PhaseLookup:
         self.alignment = alignment
         self.num_slots = len(phase.slots)
         self.tensor: dict[str, Tensor] = {t.id: t for t in phase.tensors}
-        self.op: dict[int, Op] = {op.index: op for op in phase.ops}
+        self.ops = numbered_ops(phase)
+        self.op: dict[int, NumberedOp] = {op.index: op for op in self.ops}
         self.slot_of_op: dict[int, int] = {i: s for s, ops in enumerate(phase.slots) for i in ops}
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = defaultdict(list)
-        for op in phase.ops:
+        for op in self.ops:
             for out in op.outputs:
                 self.producer[out] = op.index
             for name in dict.fromkeys(op.inputs):  # an op reading x twice consumes it once
@@ -63,11 +65,11 @@ class PhaseLookup:
             self.sync_at[sp.slot] = "; ".join(filter(None, (self.sync_at.get(sp.slot), sp.reason)))
         self._curve: list[int] | None = None
 
-    def producer_op(self, tensor_id: str) -> Op | None:
+    def producer_op(self, tensor_id: str) -> NumberedOp | None:
         index = self.producer.get(tensor_id)
         return None if index is None else self.op.get(index)
 
-    def consumer_ops(self, tensor_id: str) -> list[Op]:
+    def consumer_ops(self, tensor_id: str) -> list[NumberedOp]:
         return [self.op[i] for i in self.consumers.get(tensor_id, ())]
 
     def layer_of(self, tensor_id: str) -> int | None:
@@ -208,8 +210,8 @@ def buffer_rows(index: PhaseLookup, query: Query = Query()) -> list[Row]:
 @dataclass(frozen=True)
 class TensorDetails:
     tensor: Tensor
-    producer: Op | None
-    consumers: list[Op]
+    producer: NumberedOp | None
+    consumers: list[NumberedOp]
     layer: int | None
     slot_of_producer: int | None
 
@@ -301,7 +303,7 @@ def arena_bands(placements: list[Placement], arena_bytes: int, bands: int) -> li
 @dataclass(frozen=True)
 class SlotRow:
     slot: int
-    ops: list[Op]
+    ops: list[NumberedOp]
     live_bytes: int
     sync: str  # reason of the sync point after this slot, "" when none
 
@@ -330,7 +332,7 @@ def describe_value(index: PhaseLookup, name: str) -> str:
     return f"{name}{fmt_shape(shape)} {dtype}"
 
 
-def op_matches(op: Op, query: Query) -> bool:
+def op_matches(op: NumberedOp, query: Query) -> bool:
     if query.empty:
         return True
     if query.layer is not None and op.layer != query.layer:
@@ -342,8 +344,8 @@ def op_matches(op: Op, query: Query) -> bool:
     return all(w in primitive or any(w in n for n in names) for w in query.words)
 
 
-def op_rows(index: PhaseLookup, query: Query = Query()) -> list[Op]:
-    return [op for op in index.phase.ops if op_matches(op, query)]
+def op_rows(index: PhaseLookup, query: Query = Query()) -> list[NumberedOp]:
+    return [op for op in index.ops if op_matches(op, query)]
 
 
 @dataclass

@@ -21,9 +21,10 @@ import graphviz
 
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
+from dctms.schema.numbered import NumberedOp, numbered_ops
 from dctms.schema.phase_index import build_index
 from dctms.schema.sizes import is_arena_tenant
-from dctms.schema.types import Op, Phase, Plan, Tensor
+from dctms.schema.types import Phase, Plan, Tensor
 
 VIEWS = ("lifetimes", "buffers", "graph")
 FLAT_LIMIT = 400  # ops: larger selections of the graph view collapse to layers unless --flat
@@ -261,7 +262,7 @@ def _html(text: str) -> str:
 class _Source:
     """Where a tensor an op reads comes from: an op, or a phase input binding."""
 
-    op: Op | None
+    op: NumberedOp | None
     binding_kind: str | None = None  # "input" / "state" for bindings
     binding_name: str = ""
 
@@ -271,7 +272,7 @@ def op_graph(
 ) -> tuple[graphviz.Digraph, bool]:
     """The op graph and whether it was collapsed to layers (selections over ``FLAT_LIMIT`` ops are,
     unless ``flat``)."""
-    selected = [op for op in phase.ops if in_range(op.layer, layers)]
+    selected = [op for op in numbered_ops(phase) if in_range(op.layer, layers)]
     if not selected:
         raise DctmsError(f"{phase.name}: no ops in the selection")
     collapsed = not flat and len(selected) > FLAT_LIMIT
@@ -285,7 +286,7 @@ def _sources(phase: Phase) -> dict[str, _Source]:
     for b in phase.inputs:
         if b.kind in ("input", "state"):
             out[b.id] = _Source(None, b.kind, b.name)
-    for op in phase.ops:
+    for op in numbered_ops(phase):
         for t in op.outputs:
             out[t] = _Source(op)
     return out
@@ -298,7 +299,7 @@ def _shapes(phase: Phase) -> dict[str, str]:
 
 
 def _flat_graph(
-    plan: Plan, phase: Phase, selected: list[Op], layers: Layers | None
+    plan: Plan, phase: Phase, selected: list[NumberedOp], layers: Layers | None
 ) -> graphviz.Digraph:
     g = graphviz.Digraph("graph")
     g.attr(
@@ -312,7 +313,7 @@ def _flat_graph(
     g.attr("node", fontname=_FONT, fontsize="9", shape="box", style="rounded,filled")
     g.attr("edge", fontname=_FONT, fontsize="7", color="#666666")
     chosen = {op.index for op in selected}
-    by_layer: dict[int | None, list[Op]] = defaultdict(list)
+    by_layer: dict[int | None, list[NumberedOp]] = defaultdict(list)
     for op in selected:
         by_layer[op.layer].append(op)
     for layer, ops in sorted(by_layer.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0)):
@@ -365,13 +366,13 @@ def _outside(g: graphviz.Digraph, seen: set[str], layer: int | None) -> str:
 def _flat_outputs(
     g: graphviz.Digraph,
     phase: Phase,
-    selected: list[Op],
+    selected: list[NumberedOp],
     chosen: set[int],
     external: set[str],
     shapes: dict[str, str],
 ) -> None:
     readers: dict[str, set[int | None]] = defaultdict(set)
-    for op in phase.ops:
+    for op in numbered_ops(phase):
         if op.index not in chosen:
             for t in op.inputs:
                 readers[t].add(op.layer)
@@ -386,7 +387,7 @@ def _flat_outputs(
 
 
 def _layer_graph(
-    plan: Plan, phase: Phase, selected: list[Op], layers: Layers | None
+    plan: Plan, phase: Phase, selected: list[NumberedOp], layers: Layers | None
 ) -> graphviz.Digraph:
     """One node per layer; "model" ops split by whether they run before or after the layers."""
     group = _groups(phase)
@@ -399,7 +400,7 @@ def _layer_graph(
     g.attr(label=_title(plan, phase, what, layers), labelloc="t", fontname=_FONT, rankdir="TB")
     g.attr("node", fontname=_FONT, fontsize="10", shape="box", style="rounded,filled")
     g.attr("edge", fontname=_FONT, fontsize="8", color="#666666")
-    members: dict[str, list[Op]] = defaultdict(list)
+    members: dict[str, list[NumberedOp]] = defaultdict(list)
     for op in selected:
         members[group[op.index]].append(op)
     for name, ops in members.items():
@@ -411,7 +412,7 @@ def _layer_graph(
         )
     sources, shapes = _sources(phase), _shapes(phase)
     crossing: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for op in phase.ops:
+    for op in numbered_ops(phase):
         for t in op.inputs:
             src = sources.get(t)
             if src is None or (src.op is None and src.binding_kind != "input"):
@@ -455,7 +456,7 @@ def _groups(phase: Phase) -> dict[int, str]:
     "model (after layers)" depending on whether they read anything a layer computed."""
     after_layers: set[str] = set()  # tensors that depend on some layer's output
     group: dict[int, str] = {}
-    for op in phase.ops:  # ops are in schedule order, so producers come first
+    for op in numbered_ops(phase):  # ops are in schedule order, so producers come first
         if op.layer is not None:
             group[op.index] = f"layer {op.layer}"
             after_layers.update(op.outputs)

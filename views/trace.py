@@ -61,7 +61,8 @@ def phase_events(plan: Plan, phase: Phase, pid: int) -> list[dict[str, Any]]:
     events = _metadata(phase, pid, {t.buffer for t in tenants})
     for t in tenants:
         s, e = t.interval
-        op = phase.ops[index.producer[t.id]] if t.id in index.producer else None
+        position = index.producer.get(t.id)
+        op = None if position is None else phase.ops[position]
         events.append(
             {
                 "name": f"{t.id} [{','.join(map(str, t.shape))}] {t.dtype}",
@@ -80,7 +81,7 @@ def phase_events(plan: Plan, phase: Phase, pid: int) -> list[dict[str, Any]]:
                     "shape": t.shape,
                     "dtype": t.dtype,
                     "slots": [s, e],
-                    "op": None if op is None else f"{op.primitive} #{op.index}",
+                    "op": None if op is None else f"{op.primitive} #{position}",
                     "layer": None if op is None else op.layer,
                 },
             }

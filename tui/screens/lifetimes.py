@@ -9,7 +9,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from dctms.figures.units import exact_bytes
-from dctms.schema.types import Op
+from dctms.schema.numbered import NumberedOp
 from dctms.tui.data import (
     PhaseLookup,
     Query,
@@ -25,7 +25,7 @@ from dctms.tui.widgets.gantt import Gantt
 MAX_CONSUMERS_SHOWN = 8
 
 
-def op_text(index: PhaseLookup, op: Op) -> str:
+def op_text(index: PhaseLookup, op: NumberedOp) -> str:
     slot = index.slot_of_op.get(op.index)
     layer = "" if op.layer is None else f", layer {op.layer}"
     return f"op {op.index} {op.primitive} (slot {slot}{layer})"
