@@ -1,14 +1,15 @@
 """Verifier rules about module paths (``Plan.modules``, ``Phase.modules``).
 
 The tree is well formed (one name per parent entry, parents before children, names free of dots,
-no path twice) and every phase's runs cover its ops exactly, each naming a node of the tree.
+no path twice), every phase's runs cover its ops exactly, each naming a node of the tree, and a
+decoder layer a path names (its first all-digit name) is one the model has.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dctms.schema.modules import node_paths
+from dctms.schema.modules import node_paths, path_layer
 from dctms.schema.phase_index import PlanIndex
 
 Finding = tuple[str, str]
@@ -57,3 +58,12 @@ def module_runs(ix: PlanIndex) -> Iterator[Finding]:
         for k, node in enumerate(runs.modules):
             if node >= nodes:
                 yield f"{where}.modules[{k}]", f"module {node}, but the tree has {nodes} nodes"
+
+
+def module_layer(ix: PlanIndex) -> Iterator[Finding]:
+    """A module path's decoder layer, when it names one, is a layer the model has."""
+    layers = ix.plan.model.num_layers
+    for i, path in enumerate(node_paths(ix.plan.modules)):
+        layer = path_layer(path)
+        if layer is not None and layer >= layers:
+            yield f"$.modules.names[{i}]", f"{path}: layer {layer}, but the model has {layers} layers"

@@ -175,7 +175,6 @@ class Op(_Base):
     inputs: list[Name]
     outputs: list[Name]
     args: list[Any] = []
-    layer: Int | None = None  # decoder layer the op belongs to, when known
     memory_bound: bool = False  # arithmetic intensity below the target's ridge point
     scratch: ByteCount = 0  # temporary bytes MLX allocates inside this op (e.g. contiguous copies)
 

@@ -53,7 +53,6 @@ RULES: dict[str, Rule] = {
     "slots_cover": rules_graph.slots_cover,
     "slot_bandwidth": rules_graph.slot_bandwidth,
     "sync_points": rules_graph.sync_points,
-    "op_layer": rules_graph.op_layer,
     "dtype_known": rules_memory.dtype_known,
     "tensor_bytes": rules_memory.tensor_bytes,
     "constant_size": rules_memory.constant_size,
@@ -86,6 +85,7 @@ RULES: dict[str, Rule] = {
     "compile_request": rules_request.compile_request,
     "module_tree": rules_modules.module_tree,
     "module_runs": rules_modules.module_runs,
+    "module_layer": rules_modules.module_layer,
 }
 
 

@@ -595,7 +595,6 @@ def emit_phase(
                 inputs=list(op.inputs),
                 outputs=list(op.outputs),
                 args=op.args,
-                layer=sched.layers[i],
                 memory_bound=sched.memory_bound[i],
                 scratch=lives.scratch[p],
             )
