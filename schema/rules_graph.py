@@ -225,4 +225,3 @@ def _crossing_evaluated(px: PhaseIndex) -> Iterator[Finding]:
                 f"{px.tensor_path(position)}.id",
                 f"{tensor.id!r} is read after the sync point at slot {syncs[k]} but not evaluated there",
             )
-

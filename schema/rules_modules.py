@@ -66,4 +66,7 @@ def module_layer(ix: PlanIndex) -> Iterator[Finding]:
     for i, path in enumerate(node_paths(ix.plan.modules)):
         layer = path_layer(path)
         if layer is not None and layer >= layers:
-            yield f"$.modules.names[{i}]", f"{path}: layer {layer}, but the model has {layers} layers"
+            yield (
+                f"$.modules.names[{i}]",
+                f"{path}: layer {layer}, but the model has {layers} layers",
+            )

@@ -13,6 +13,7 @@ from dctms.figures.memory import memory_curve
 from dctms.figures.overview import arena_rows, table1
 from dctms.figures.units import human
 from dctms.schema.io import read_plan
+from dctms.schema.modules import op_modules
 from dctms.schema.sizes import lower_bound_bytes
 from dctms.schema.types import Plan
 from dctms.tui.data import (
@@ -29,11 +30,9 @@ from dctms.tui.data import (
     tensor_details,
     tensor_rows,
 )
-from dctms.schema.modules import op_modules
 from dctms.tui.widgets.envelope_bar import split_cells
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
-
 
 
 def tiny_index() -> PhaseLookup:

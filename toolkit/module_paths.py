@@ -172,7 +172,6 @@ def _same_primitives(prims: list[dict], ops: Sequence[_OpLike]) -> bool:
     return True
 
 
-
 def _path_key(path: str) -> tuple:
     # Natural order: layer 2 before layer 10.
     return tuple((0, int(n), "") if n.isdigit() else (1, 0, n) for n in path.split("."))
