@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from dctms.figures.memory import live_at, memory_curve, peak
 from dctms.figures.overview import kv_storage
-from dctms.figures.units import MIB, human
+from dctms.figures.units import human
 from dctms.schema.modules import op_modules, path_layer
 from dctms.schema.sizes import align_up
 from dctms.schema.types import Phase, Plan, Scratch
@@ -339,14 +339,19 @@ class KnobEffect:
     changes: dict[str, int]  # envelope component (and "total") -> new - old bytes
 
     def sentence(self) -> str:
-        moved = [(k, v) for k, v in self.changes.items() if v and k != "total"]
+        # the largest change first
+        moved = sorted(
+            ((k, v) for k, v in self.changes.items() if v and k != "total"),
+            key=lambda kv: -abs(kv[1]),
+        )
         if not moved:
             return f"{self.knob} {self.old} -> {self.new}: no change to M_max"
         words = ", ".join(
             f"{'lowers' if v < 0 else 'raises'} M_{k} by {human(abs(v))}" for k, v in moved
         )
         total = self.changes.get("total", 0)
-        return f"{self.knob} {self.old} -> {self.new} {words} (M_max {total / MIB:+,.2f} MiB)"
+        sign = "-" if total < 0 else "+"
+        return f"{self.knob} {self.old} -> {self.new} {words} (M_max {sign}{human(abs(total))})"
 
 
 def knob_effect(knob: str, old: int, new: int, base: Plan, changed: Plan) -> KnobEffect:
