@@ -49,7 +49,7 @@ def explain_text(ex: Explanation, knobs: list[KnobEffect] | None) -> str:
     if knobs is not None:
         out += ["", "what each knob changes (measured: a re-compile per knob against a baseline)"]
         out += [f"  - {k.sentence()}" for k in knobs] or ["  (no knob can be changed)"]
-    return "\n".join(out) + "\n"
+    return "\n".join(line.rstrip() for line in out) + "\n"
 
 
 def explain_data(ex: Explanation, knobs: list[KnobEffect] | None) -> dict[str, Any]:
