@@ -388,7 +388,24 @@ def _gather_qmm(args: list, x: list[mx.array]) -> mx.array:
     )
 
 
+def _convolution(args: list, x: list[mx.array]) -> mx.array:
+    # [strides, padding_lo, padding_hi, kernel_dilation, input_dilation, groups, flip];
+    # inputs: input (N, ..., C), weight (O, ..., C)
+    strides, lo, hi, kernel_dilation, input_dilation, groups, flip = args
+    return mx.conv_general(
+        x[0],
+        x[1],
+        stride=list(strides),
+        padding=(list(lo), list(hi)),
+        kernel_dilation=list(kernel_dilation),
+        input_dilation=list(input_dilation),
+        groups=groups,
+        flip=bool(flip),
+    )
+
+
 _LINALG: dict[str, Handler] = {
+    "Convolution": _convolution,
     "Matmul": _binary(mx.matmul),
     # [alpha, beta]; inputs: a, b, c (the addend last) -> alpha * a @ b + beta * c
     "AddMM": lambda a, x: mx.addmm(x[2], x[0], x[1], alpha=a[0], beta=a[1]),

@@ -43,6 +43,7 @@ def check_allocation(
     last_start = {
         "prefill": padded - b.prefill_chunk,
         "decode": max(0, b.input_tokens + b.output_tokens - 2),
+        "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
     }
     for phase in plan.phases:
         if phase.name not in last_start:
@@ -77,7 +78,7 @@ def throttle_limit(plan: Plan) -> int:
     makes (its arena outputs plus scratch), so that an op started just under the limit still ends
     within the envelope."""
     largest = 0
-    for phase in plan.phases:
+    for phase in [*plan.phases, *(plan.draft.phases if plan.draft else ())]:
         made = [0] * len(phase.ops)
         producer = {t: k for k, op in enumerate(phase.ops) for t in op.outputs}
         for t in phase.tensors:

@@ -22,7 +22,11 @@ RUNNER_INPUTS = {
     "prefill": ("tokens", "position", "last_index"),
     "decode": ("tokens", "position"),
 }
+# Phases the runner executes when the plan has them (speculative decoding's verify call).
+OPTIONAL_INPUTS = {"verify": ("tokens", "position")}
 RESULT = "next_token"
+# What a vision-language plan's prefill is fed besides (see ``rules_vision``).
+VISION_PREFILL_INPUTS = ("image_features", "image_rows")
 
 
 def runnable(plan) -> bool:
@@ -40,9 +44,11 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
     kv = {s.name for s in plan.state if s.kind == "kv"}
     for px in ix.phases:
         phase = px.phase
-        fed = RUNNER_INPUTS.get(phase.name)
+        fed = RUNNER_INPUTS.get(phase.name) or OPTIONAL_INPUTS.get(phase.name)
         if fed is None:
-            continue  # not executed by the runner
+            continue  # not executed by the runner (a vision phase: see rules_vision)
+        if phase.name == "prefill" and plan.vision is not None:
+            fed = fed + VISION_PREFILL_INPUTS
         given = [b.name for b in phase.inputs if b.kind == "input"]
         for k, b in enumerate(phase.inputs):
             where = f"{px.path}.inputs[{k}]"

@@ -130,23 +130,32 @@ def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
             "$.envelope.total",
             f"{env.total}, but weights+kv+persistent+intermediate+runtime = {parts}",
         )
+    # The plan's own model (the target, in a plan with a draft) against its figures: the envelope
+    # itself, or its "target" part; the parts' combination is checked by _parts_combine.
+    own, where = env, "$.envelope"
+    if env.parts:
+        yield from _parts_combine(env)
+        own = next((p for p in env.parts if p.model == "target"), None)
+        where = f"$.envelope.parts[{env.parts.index(own)}]" if own is not None else ""
+    if own is None:
+        return
     largest = max((p.arena_bytes + p.slack_bytes for p in plan.phases), default=0)
-    if env.intermediate != largest:
+    if own.intermediate != largest:
         yield (
-            "$.envelope.intermediate",
-            f"{env.intermediate}, but the largest phase arena plus allocator slack is {largest}",
+            f"{where}.intermediate",
+            f"{own.intermediate}, but the largest phase arena plus allocator slack is {largest}",
         )
     for name in STATE_KINDS:
         total = sum(s.bytes for s in plan.state if s.kind == name)
-        if getattr(env, name) != total:
+        if getattr(own, name) != total:
             yield (
-                f"$.envelope.{name}",
-                f"{getattr(env, name)}, but the {name} state adds up to {total}",
+                f"{where}.{name}",
+                f"{getattr(own, name)}, but the {name} state adds up to {total}",
             )
-    if env.weights != plan.model.weights.total_bytes:
+    if own.weights != plan.model.weights.total_bytes:
         yield (
-            "$.envelope.weights",
-            f"{env.weights}, but the model's weights total {plan.model.weights.total_bytes}",
+            f"{where}.weights",
+            f"{own.weights}, but the model's weights total {plan.model.weights.total_bytes}",
         )
     if env.device != plan.target.device_memory:
         yield (
@@ -159,6 +168,21 @@ def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
             yield "$.envelope.free", "free is given without a device size"
     elif env.free != env.device - env.total:
         yield "$.envelope.free", f"{env.free}, but device - total = {env.device - env.total}"
+
+
+def _parts_combine(env) -> Iterator[Finding]:
+    """Both models stay resident (weights, kv, persistent add up); their calls never overlap (the
+    intermediate is the larger arena)."""
+    for name in ("weights", "kv", "persistent"):
+        total = sum(getattr(p, name) for p in env.parts)
+        if getattr(env, name) != total:
+            yield f"$.envelope.{name}", f"{getattr(env, name)}, but its parts add up to {total}"
+    largest = max(p.intermediate for p in env.parts)
+    if env.intermediate != largest:
+        yield (
+            "$.envelope.intermediate",
+            f"{env.intermediate}, but the largest part's intermediate is {largest}",
+        )
 
 
 def stats(ix: PlanIndex) -> Iterator[Finding]:

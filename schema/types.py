@@ -314,6 +314,20 @@ class Phase(_Base):
     modules: ModuleRuns | None = None  # None when the trace could not attribute ops to modules
 
 
+class EnvelopePart(_Base):
+    """One model's share of a plan that holds two (speculative decoding: the target and its draft).
+
+    Both models stay resident for the whole run, so the plan's weights, kv and persistent are the
+    sums of the parts; their calls never overlap (the runner drains one model's call before it
+    starts the other's), so the plan's intermediate is the largest of the parts' arenas."""
+
+    model: Literal["target", "draft"]
+    weights: ByteCount
+    kv: ByteCount
+    persistent: ByteCount
+    intermediate: ByteCount  # the model's largest phase arena plus allocator slack
+
+
 class Envelope(_Base):
     """M_max = weights + kv + persistent + intermediate + runtime (all bytes)."""
 
@@ -326,6 +340,8 @@ class Envelope(_Base):
     runtime_source: str = ""
     device: ByteCount | None = None
     free: SignedBytes | None = None
+    # Per model, in a plan with a draft: [target, draft] (see EnvelopePart); empty otherwise.
+    parts: list[EnvelopePart] = []
 
     @property
     def provable(self) -> int:
@@ -341,6 +357,14 @@ class Stats(_Base):
     reduction: Fraction  # 1 - physical_buffers / logical_tensors
     arena_bytes: ByteCount
     lower_bound_bytes: ByteCount
+
+
+class VisionRequest(_Base):
+    """The vision options a plan was compiled with (``compile --images K --image-size HxW``)."""
+
+    images: Positive
+    height: Positive
+    width: Positive
 
 
 class CompileRequest(_Base):
@@ -363,6 +387,56 @@ class CompileRequest(_Base):
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
+    vision: VisionRequest | None = None  # a vision-language plan's image bounds
+    draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
+    num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
+
+
+class Stream(_Base):
+    """One stream of a vision-language plan's lifetime analysis and which phases run on it.
+
+    ``vision``: the tower and projector, once per image; ``text``: prefill (merged embeddings)
+    and decode; ``output``: the generated tokens the host reads. ``mlx_stream`` is the MLX stream
+    the runner puts the phases on (0: the default stream)."""
+
+    name: Literal["vision", "text", "output"]
+    phases: list[Name]
+    mlx_stream: Int = 0
+
+
+class Vision(_Base):
+    """A vision-language plan: its image bounds and the features table the images fill.
+
+    Each image runs the ``vision`` phase once and fills ``tokens_per_image`` rows of the
+    ``image_features`` table (``feature_rows`` = ``images`` x ``tokens_per_image``); prefill reads
+    the rows of its image-token positions (input ``image_rows``). Only the table outlives the
+    vision phase."""
+
+    family: Name  # mlx-vlm model_type, e.g. "gemma3"
+    resolution: Literal["fixed", "dynamic"]
+    images: Positive  # K: most images per call
+    image_size: Annotated[list[Positive], msgspec.Meta(min_length=2, max_length=2)]  # [H, W]
+    tokens_per_image: Positive
+    feature_rows: Positive
+    hidden_size: Positive
+    image_token_id: Int
+    pixel_shape: Shape  # the pixel_values array of one image at the bound
+    streams: list[Stream]
+
+
+class Draft(_Base):
+    """The draft model of speculative decoding, planned beside the target (``Plan.draft``).
+
+    Its phases ("prefill", "decode") and state (its own static KV cache, at the plan's
+    ``bounds.kv_capacity``, and its persistent blocks) are those of a plan of their own; the target
+    gets a "verify" phase that processes ``num_draft + 1`` tokens per call. A rejected suffix is
+    rewound by moving the write position: nothing is allocated per round."""
+
+    num_draft: Positive
+    model: ModelInfo
+    state: list[StateTensor]
+    phases: list[Phase]
+    stats: Stats
 
 
 ParentNode = Annotated[int, msgspec.Meta(ge=-1, le=2**31)]
@@ -390,6 +464,8 @@ class Plan(_Base):
     envelope: Envelope
     stats: Stats
     compile: CompileRequest | None = None  # None in plans not written by the compiler (tests)
+    vision: Vision | None = None  # vision-language plans only
+    draft: Draft | None = None  # speculative decoding: the draft model's part (compile --draft)
     modules: ModuleTree | None = None  # the module paths the phases' ModuleRuns point into
     # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
     # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 from dctms.schema import (
     rules_derived,
+    rules_draft,
     rules_graph,
     rules_lengths,
     rules_memory,
@@ -38,6 +39,7 @@ from dctms.schema import (
     rules_runner,
     rules_totals,
 )
+from dctms.schema.draft import DRAFT, draft_view, part
 from dctms.schema.errors import Problem
 from dctms.schema.phase_index import PlanIndex, build_plan_index
 from dctms.schema.types import Plan
@@ -83,6 +85,7 @@ RULES: dict[str, Rule] = {
     "run_ahead": rules_derived.run_ahead,
     "lengths": rules_lengths.lengths,
     "compile_request": rules_request.compile_request,
+    "speculative": rules_draft.speculative,
     "module_tree": rules_modules.module_tree,
     "module_runs": rules_modules.module_runs,
     "module_layer": rules_modules.module_layer,
@@ -99,4 +102,33 @@ def verify_plan(plan: Plan) -> list[Problem]:
                 problems.append(Problem("$", f"further {name} problems not listed", name))
                 break
             problems.append(Problem(path, message, name))
+    if plan.draft is not None:
+        problems += _draft_problems(plan)
     return problems
+
+
+# Where the draft view's parts are in the speculative plan.
+_DRAFT_PATHS = {
+    "$.phases": "$.draft.phases",
+    "$.state": "$.draft.state",
+    "$.model": "$.draft.model",
+    "$.stats": "$.draft.stats",
+}
+
+
+def _draft_problems(plan: Plan) -> list[Problem]:
+    """Every rule on the draft as a plan of its own (``draft.draft_view``), paths moved under
+    ``$.draft`` (its envelope is the draft's envelope part)."""
+    view = draft_view(plan)
+    where = f"$.envelope.parts[{[p.model for p in plan.envelope.parts].index(DRAFT)}]" if part(
+        plan, DRAFT
+    ) else "$.envelope.parts"
+    moved = []
+    for p in verify_plan(view):
+        path = "$.draft" if p.path == "$" else p.path
+        for old, new in (*_DRAFT_PATHS.items(), ("$.envelope", where)):
+            if path == old or path.startswith((old + ".", old + "[")):
+                path = new + path[len(old) :]
+                break
+        moved.append(Problem(path, f"draft: {p.message}", p.rule))
+    return moved

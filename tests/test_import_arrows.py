@@ -39,12 +39,12 @@ ROOMS = sorted([*ALLOWED, *ANYTHING])
 
 # Third-party packages a room must not import (matched as the name or a dotted prefix).
 FORBIDDEN_EXTERNAL: dict[str, tuple[str, ...]] = {
-    "schema": ("mlx", "mlx_lm", "textual", "rich", "numpy"),
-    "figures": ("mlx", "mlx_lm", "textual", "rich"),
-    "views": ("mlx", "mlx_lm", "textual"),
-    "tui": ("mlx", "mlx_lm"),
-    "runner": ("mlx_lm",),
-    "serve": ("mlx_lm",),
+    "schema": ("mlx", "mlx_lm", "mlx_vlm", "textual", "rich", "numpy"),
+    "figures": ("mlx", "mlx_lm", "mlx_vlm", "textual", "rich"),
+    "views": ("mlx", "mlx_lm", "mlx_vlm", "textual"),
+    "tui": ("mlx", "mlx_lm", "mlx_vlm"),
+    "runner": ("mlx_lm", "mlx_vlm"),  # model code; the runner prepares images with transformers
+    "serve": ("mlx_lm", "mlx_vlm"),
 }
 
 

@@ -13,6 +13,7 @@ from dctms.schema.types import (
     Binding,
     Buffer,
     CompileRequest,
+    EnvelopePart,
     Intermediate,
     LengthAffine,
     Lengths,
@@ -542,6 +543,11 @@ CASES: list[tuple[str, str, Break]] = [
     ("dynamic_scratch", "DynamicSliceUpdate without its offset", lambda p: _no_dynamic_scratch(p)),
     ("run_ahead", "run-ahead declared, lifetimes not widened",
      lambda p: nested(p, "target", run_ahead_dispatches=10)),  # fmt: skip
+    # speculative decoding (schema/rules_draft.py; tests/test_speculative.py breaks real plans)
+    ("speculative", "envelope parts without a draft",
+     lambda p: nested(p, "envelope", parts=[EnvelopePart("target", 256, 256, 0, 128)])),  # fmt: skip
+    ("speculative", "a verify phase without a draft",
+     lambda p: replace(p, phases=[P0(p), replace(P0(p), name="verify")])),  # fmt: skip
 ]
 
 

@@ -154,9 +154,61 @@ def compile_plan(
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
     use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
-    traced, capacity, fits = trace_source(source.config, headers, opts, settings, say)
+    part = plan_model(source, headers, opts, settings, say)
+    state, phases = part.state, part.phases
+    envelope = build_envelope(
+        weights=part.weights.total_bytes,
+        kv=sum(s.bytes for s in state if s.kind == "kv"),
+        persistent=sum(s.bytes for s in state if s.kind == "persistent"),
+        intermediate=max(p.arena_bytes + p.slack_bytes for p in phases),
+        backend=settings.backend,
+        device_memory=opts.device_memory,
+        cache_enabled=settings.allocator_slack > 0,
+    )
+    check_cast_overshoot(part.weights, envelope)
+    plan = emit_plan(
+        source, opts, settings, part.traced, part.capacity, part.weights, state, phases, envelope
+    )
+    plan = attach_modules(plan, part.traced.phases)
+    self_check(plan)
+    return plan
+
+
+@dataclass(frozen=True)
+class ModelPart:
+    """Passes 1-4 of one model: its trace, cache capacity, weights fingerprint, phases, state."""
+
+    traced: Traced
+    capacity: int
+    weights: Weights
+    phases: list[Phase]
+    state: list[StateTensor]
+
+
+# More phases traced with a model's tracer (speculative decoding's verify): called with the tracer,
+# the largest window and whether to fit lengths; returns each phase with its fit (or why none).
+MorePhases = Callable[[PhaseTracer, int, bool], list[tuple[TracedPhase, "LengthFit | str | None"]]]
+
+
+def plan_model(
+    source: ModelFolder,
+    headers: list[HeaderTensor] | None,
+    opts: CompileOptions,
+    settings: Settings,
+    say: Callable[[str], None],
+    *,
+    extra_positions: int = 0,
+    more_phases: MorePhases | None = None,
+    pack_seconds: float | None = None,
+) -> ModelPart:
+    """Trace one model and plan each of its phases (``pack_seconds``: their packing budget, by
+    default ``opts.pack_seconds``); ``extra_positions`` enlarges the KV cache beyond N + M."""
+    traced, capacity, fits = trace_source(
+        source.config, headers, opts, settings, say, extra_positions, more_phases
+    )
     weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
     ridge = ridge_point(settings.profile)
+    budget = opts.pack_seconds if pack_seconds is None else pack_seconds
     phases = []
     for tp in traced.phases:
         say(f"planning {tp.name}: {len(tp.ops)} primitives")
@@ -167,27 +219,13 @@ def compile_plan(
                 opts.alignment,
                 opts.sync_every,
                 settings.allocator_slack,
-                opts.pack_seconds / len(traced.phases),
+                budget / len(traced.phases),
                 fits.get(tp.name),
                 _candidates(tp.name, fits.get(tp.name), opts.input_tokens),
                 say,
             )
         )
-    state = state_tensors(traced, settings.allocator_slack)
-    envelope = build_envelope(
-        weights=weights.total_bytes,
-        kv=sum(s.bytes for s in state if s.kind == "kv"),
-        persistent=sum(s.bytes for s in state if s.kind == "persistent"),
-        intermediate=max(p.arena_bytes + p.slack_bytes for p in phases),
-        backend=settings.backend,
-        device_memory=opts.device_memory,
-        cache_enabled=settings.allocator_slack > 0,
-    )
-    check_cast_overshoot(weights, envelope)
-    plan = emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
-    plan = attach_modules(plan, traced.phases)
-    self_check(plan)
-    return plan
+    return ModelPart(traced, capacity, weights, phases, state_tensors(traced, settings.allocator_slack))
 
 
 def check_cast_overshoot(weights: Weights, envelope) -> None:
@@ -225,16 +263,19 @@ def trace_source(
     opts: CompileOptions,
     settings: Settings,
     say: Callable[[str], None],
+    extra_positions: int = 0,
+    more_phases: MorePhases | None = None,
 ) -> tuple[Traced, int, dict[str, LengthFit]]:
     """Pass 1: build the model with lazy weights, trace both phases at their largest lengths and
-    (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one)."""
+    (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one).
+    ``extra_positions``: cache positions beyond N + M; ``more_phases``: phases traced besides."""
     say(f"building {config.get('model_type')} {settings.dtype} model (lazy weights)")
     stored = {h.name: h.dtype for h in headers} if headers else None
     # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
     num_layers = check_cache_support(model)
     chunk = settings.prefill_chunk
-    capacity = kv_capacity(opts.input_tokens, opts.output_tokens, chunk)
+    capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
     tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
@@ -242,13 +283,15 @@ def trace_source(
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill = tracer.prefill(chunk, prompt_window, paths=True)
     decode = tracer.decode(window, paths=True)
-    traced = tracer.traced([prefill, decode])
+    more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
+    traced = tracer.traced([prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return traced, capacity, fits
     for name, found in (
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
         ("decode", _fit_decode(tracer, decode, window)),
+        *((tp.name, found) for tp, found in more),
     ):
         if isinstance(found, str):
             say(f"{name}: fixed lengths ({found})")
@@ -341,7 +384,6 @@ def emit_plan(
 ) -> Plan:
     """Emit: assemble the plan document from the passes' results."""
     config = source.config
-    quant = config.get("quantization")
     return Plan(
         schema_version=SCHEMA_VERSION,
         generator=Generator(dctms.__version__, mx.__version__, _mlx_lm_version()),
@@ -354,20 +396,7 @@ def emit_plan(
             kv=KVStorage(dtype=traced.kv.dtype),
             kv_capacity=capacity,
         ),
-        model=ModelInfo(
-            architecture=str(config.get("model_type")),
-            config_sha256=source.config_sha256,
-            num_layers=traced.num_layers,
-            vocab_size=traced.vocab_size,
-            weights=weights,
-            quantization=(
-                Quantization(
-                    int(quant["group_size"]), int(quant["bits"]), quant.get("mode", "affine")
-                )
-                if quant and "bits" in quant
-                else None
-            ),
-        ),
+        model=model_info(source, traced, weights),
         target=Target(
             backend=settings.backend,
             alignment=opts.alignment,
@@ -382,6 +411,23 @@ def emit_plan(
         stats=table1_stats(phases),
         # The inputs as given, so `dctms check` can re-compile exactly this plan.
         compile=CompileRequest(config=config, **asdict(opts)),
+    )
+
+
+def model_info(source: ModelFolder, traced: Traced, weights: Weights) -> ModelInfo:
+    """The plan's record of one model: architecture, config hash, layers, vocabulary, weights."""
+    quant = source.config.get("quantization")
+    return ModelInfo(
+        architecture=str(source.config.get("model_type")),
+        config_sha256=source.config_sha256,
+        num_layers=traced.num_layers,
+        vocab_size=traced.vocab_size,
+        weights=weights,
+        quantization=(
+            Quantization(int(quant["group_size"]), int(quant["bits"]), quant.get("mode", "affine"))
+            if quant and "bits" in quant
+            else None
+        ),
     )
 
 

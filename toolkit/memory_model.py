@@ -261,9 +261,42 @@ def op_memory(
         return OpMemory(
             tuple(Effect("alloc", None, row_major(tuple(s))) for s in out_shapes), scratch, 2
         )
+    if primitive == "Convolution":
+        return OpMemory(
+            (Effect("alloc", None, row_major(shape)),),
+            conv_scratch(args, inputs, input_dtypes, shape, out_dtypes[0]),
+            3,
+        )
     # Every other primitive writes fresh row-major outputs (Matmul-like, Gather, Concatenate,
     # Reduce, ArgReduce, Arange, Full, ...).
     return OpMemory(tuple(Effect("alloc", None, row_major(tuple(s))) for s in out_shapes), 0, 2)
+
+
+def conv_scratch(
+    args: list, inputs: list[Layout], input_dtypes: list[str], out: tuple[int, ...], out_dtype: str
+) -> int:
+    """Temporaries of MLX's CPU convolution (``explicit_gemm_conv_ND_cpu``, all in float32): the
+    zero-padded input, the unfolded input [N * prod(out spatial), prod(kernel) * C], a float32
+    row-contiguous copy of the weight when it is not one (and another when flipped), a float32
+    output when the output is not, and the 4-byte zero scalar. Counted for every convolution: the
+    slow path (dilation, groups) allocates less."""
+    strides, pad_lo, pad_hi, _kdil, _idil, _groups, flip = args
+    x, w = inputs[0], inputs[1]
+    n, channels = x.shape[0], x.shape[-1]
+    padded = n * channels * math.prod(
+        d + lo + hi for d, lo, hi in zip(x.shape[1:-1], pad_lo, pad_hi, strict=True)
+    )
+    unfolded = n * math.prod(out[1:-1]) * math.prod(w.shape[1:-1]) * channels
+    weight = math.prod(w.shape)
+    total = 4 + 4 * padded + 4 * unfolded
+    if input_dtypes[1] != "float32" or not w.row:
+        total += 4 * weight
+    if flip:
+        total += 4 * weight
+    if out_dtype != "float32":
+        total += 4 * math.prod(out)
+    del strides
+    return total
 
 
 def _matmul_friendly(lay: Layout) -> bool:

@@ -60,6 +60,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="W",
         help="untimed warm-up calls per system on the first prompt before measuring (default 1)",
     )
+    p.add_argument(
+        "--draft-model",
+        metavar="DIR",
+        help="speculative plan (compile --draft): compare the runner, the speculative runner and "
+        "mlx-lm's speculative_generate_step with the plan's K (OUT/speculative.md)",
+    )
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument(
         "--ignore-chat-template",
@@ -142,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
     from dctms.benchmark.systems import Baseline, MlxLimits, Runner
 
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    if args.draft_model:
+        return _bench_speculative(args, plan, model, ids, requests, max_tokens, stop, say)
     say("measuring this machine's read bandwidth (for the roofline fraction) ...")
     parity = parity_settings(plan)
     defaults = MlxLimits.capture()  # before the Session sets the plan's limits
@@ -182,6 +190,39 @@ def run(args: argparse.Namespace) -> int:
             f"partial results in {out_dir}",
             file=sys.stderr,
         )
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _bench_speculative(args, plan, model, ids, requests, max_tokens, stop, say) -> int:
+    from dctms.benchmark.progress import ProgressBar
+    from dctms.benchmark.protocol import Settings, schedule
+    from dctms.benchmark.speculative import SUMMARY_MD, bench_speculative, render
+    from dctms.schema.errors import DctmsError
+    from dctms.schema.model_folder import open_model_folder
+
+    if plan.draft is None:
+        raise DctmsError("--draft-model: the plan has no draft model; compile it with --draft")
+    draft = open_model_folder(args.draft_model)
+    settings = Settings(reps=args.reps, max_tokens=max_tokens, warmup=args.warmup, stop=stop)
+    out_dir = Path(args.out)
+    bar = ProgressBar(len(schedule(len(ids), args.reps, 3)), enabled=not args.quiet)
+    described = {
+        "plan": str(args.plan),
+        "model": str(model.path),
+        "draft_model": str(draft.path),
+        "num_draft": plan.draft.num_draft,
+        "reps": args.reps,
+        "max_tokens": max_tokens,
+        "decoding": "greedy on every system",
+        "order": "per repetition, per prompt: runner, speculative runner, mlx-lm speculative",
+    }
+    outcome, summary = bench_speculative(
+        plan, model, draft, ids, requests, settings, out_dir, described, say, bar
+    )
+    print(render(summary))
+    print(f"wrote calls.json, {SUMMARY_MD}, speculative.json to {out_dir}")
+    if outcome.interrupted:
         return EXIT_INTERRUPTED
     return 0
 

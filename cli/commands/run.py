@@ -26,6 +26,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json)")
     src.add_argument("--tokens", metavar="IDS", help="prompt as comma-separated token ids")
+    p.add_argument(
+        "--image",
+        action="append",
+        metavar="FILE",
+        help="PNG/JPEG image for a vision-language plan (repeatable; with --prompt)",
+    )
+    p.add_argument(
+        "--draft-model",
+        metavar="DIR",
+        help="speculative decoding with this draft model (the plan must be compiled with --draft)",
+    )
     p.add_argument("--max-tokens", type=int, help="tokens to generate (default: the plan's M)")
     p.add_argument("--report", metavar="FILE", help="write the JSON run report here")
     p.add_argument(
@@ -54,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     # Checked (and the file reserved) before anything is loaded or generated.
     label = f"--report {args.report or repr(args.report)}"
     inputs = [args.plan, *model_inputs(args.model)]
+    if args.draft_model:
+        inputs += model_inputs(args.draft_model)
     with reserve_output(args.report, inputs=inputs, label=label) as target:
         return _run(args, target)
 
@@ -73,6 +86,10 @@ def _run(args: argparse.Namespace, target) -> int:
 
     plan = load_checked_plan(args.plan)
     model = open_model_folder(args.model)
+    if plan.vision is not None or args.image:
+        from dctms.cli.run_vision import run_vision
+
+        return run_vision(args, plan, model, target)
     if args.prompt is not None:
         try:
             args.prompt.encode("utf-8")
@@ -91,15 +108,31 @@ def _run(args: argparse.Namespace, target) -> int:
     max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
     stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
     request = validate_request(plan, prompt, max_tokens, stop)
+    draft = open_model_folder(args.draft_model) if args.draft_model else None
     with RssSampler() as rss:
-        session = Session(plan, model, verify_hashes=args.verify_weights)
-        gen = session.generate(request)
+        if draft is not None:
+            from dctms.runner.speculative import SpeculativeSession
+
+            spec = SpeculativeSession(plan, model, draft, verify_hashes=args.verify_weights)
+            gen = spec.generate(request)
+        else:
+            session = Session(plan, model, verify_hashes=args.verify_weights)
+            gen = session.generate(request)
     text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
     report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, prompt)
+    if draft is not None:
+        report["speculative"] = speculative_summary(gen)
     if target is not None:
         target.write(report_bytes(report))
     print(text if text is not None else ",".join(map(str, gen.tokens)))
     print(summary(report), file=sys.stderr)
+    if "speculative" in report:
+        sp = report["speculative"]
+        print(
+            f"speculative: {sp['accepted']} of {sp['proposed']} draft tokens accepted "
+            f"({sp['acceptance']:.1%}) in {sp['rounds']} verify calls of K = {plan.draft.num_draft}",
+            file=sys.stderr,
+        )
     if not report["within_envelope"]:
         print(
             f"dctms run: observed MLX peak {report['observed']['mlx_peak_bytes']} bytes exceeds the "
@@ -108,6 +141,17 @@ def _run(args: argparse.Namespace, target) -> int:
         )
         return EXIT_OVER_ENVELOPE
     return 0
+
+
+def speculative_summary(gen) -> dict:
+    """What the draft did in a speculative run (the report's ``speculative`` entry)."""
+    return {
+        "proposed": gen.proposed,
+        "accepted": gen.accepted,
+        "acceptance": gen.acceptance,
+        "rounds": gen.rounds,
+        "accepted_per_round": gen.round_accepts,
+    }
 
 
 def summary(report: dict) -> str:

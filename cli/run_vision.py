@@ -1,0 +1,58 @@
+"""``dctms run PLAN --model DIR --prompt TEXT [--image FILE ...]`` for a vision-language plan.
+
+Not a subcommand of its own: ``run`` hands a vision-language plan (or ``--image``) over here. Every
+bound (images, image size after preprocessing, prompt tokens, generated tokens) is checked before
+the session allocates anything in MLX."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def run_vision(args: argparse.Namespace, plan, model, target) -> int:
+    import mlx.core as mx
+
+    from dctms.cli.commands.run import EXIT_OVER_ENVELOPE, summary
+    from dctms.runner.measure import RssSampler
+    from dctms.runner.report import build_report, report_bytes
+    from dctms.runner.request import validate_request
+    from dctms.runner.tokenize import Tokenizer, eos_ids
+    from dctms.runner.vision_input import prepare, read_images
+    from dctms.runner.vision_session import VisionSession
+    from dctms.schema.errors import DctmsError
+
+    if plan.vision is None:
+        raise DctmsError("--image: the plan is not a vision-language plan (compile with --images)")
+    if args.prompt is None:
+        raise DctmsError("a vision-language plan runs a --prompt (its image tokens are expanded)")
+    images = read_images(args.image or [], plan)
+    tokenizer = Tokenizer(model.path)
+    inputs = prepare(plan, model.path, tokenizer, args.prompt, images)
+    max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
+    stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
+    request = validate_request(plan, inputs.prompt, max_tokens, stop)
+    with RssSampler() as rss:
+        session = VisionSession(plan, model, verify_hashes=args.verify_weights)
+        gen = session.generate_vision(request, inputs.pixels, inputs.image_rows)
+    text = tokenizer.decode(gen.tokens)
+    report = build_report(
+        plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, list(inputs.prompt)
+    )
+    report["vision"] = {
+        "images": len(inputs.pixels),
+        "image_processor": inputs.processor,
+        "vision_s": session.vision_s,
+    }
+    if target is not None:
+        target.write(report_bytes(report))
+    print(text)
+    print(summary(report), file=sys.stderr)
+    if not report["within_envelope"]:
+        print(
+            f"dctms run: observed MLX peak {report['observed']['mlx_peak_bytes']} bytes exceeds the "
+            f"plan's provable envelope {report['provable_bytes']} bytes",
+            file=sys.stderr,
+        )
+        return EXIT_OVER_ENVELOPE
+    return 0
