@@ -392,6 +392,29 @@ def test_diff_mode_opens_on_the_deltas():
     drive(app, scenario)
 
 
+def test_diff_shows_intermediate_bytes_by_module():
+    old = make_tiny_plan()
+    phase = old.phases[0]
+    # t2 (made in model.layers.0.self_attn) larger: 128 aligned bytes instead of 64
+    tensors = [msgspec.structs.replace(t, bytes=100) if t.id == "t2" else t for t in phase.tensors]
+    new = msgspec.structs.replace(old, phases=[msgspec.structs.replace(phase, tensors=tensors)])
+    app = make_app(new, old=old)
+
+    async def scenario(pilot):
+        table = text(app.screen.query_one("#diff-modules"))
+        row = next(line for line in table.splitlines() if "model.layers.*.self_attn" in line)
+        assert "decode" in row and row.split()[-1] == "+64"  # its tenants grew by 64 aligned bytes
+        assert "embed_tokens" not in table  # unchanged modules are left out
+
+    drive(app, scenario)
+    same = make_app(old, old=old)
+
+    async def nothing(pilot):
+        assert not same.screen.query("#diff-modules")
+
+    drive(same, nothing)
+
+
 # ------------------------------------------------------------------------------- bad input
 
 

@@ -67,6 +67,11 @@ def compile_knobs(
             "the plan records no compile request, so its knobs cannot be re-compiled "
             "(re-make it with `dctms compile`, or pass --no-knobs)"
         )
+    if getattr(request, "draft_config", None) is not None or getattr(request, "vision", None):
+        raise DctmsError(
+            "knob re-compiles of speculative and vision-language plans are not supported yet "
+            "(pass --no-knobs for the plan alone)"
+        )
     unknown = [k for k in knobs if k not in KNOBS]
     if unknown:
         raise DctmsError(f"unknown knob {unknown[0]!r} (choose from {', '.join(KNOBS)})")
