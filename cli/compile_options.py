@@ -74,6 +74,28 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         metavar="LAYERS",
         help="also sync after every LAYERS decoder layers (default 0: phase end only)",
     )
+    kv = parser.add_argument_group("KV cache (mlx-lm's generate_step settings)")
+    kv.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(4, 8),
+        help="quantise the KV cache to this many bits (mlx-lm's kv_bits; default: not quantised)",
+    )
+    kv.add_argument(
+        "--kv-group-size",
+        type=int,
+        default=64,
+        metavar="G",
+        help="elements per scale and bias of the quantised cache (32, 64 or 128; default 64)",
+    )
+    kv.add_argument(
+        "--quantized-kv-start",
+        type=int,
+        default=0,
+        metavar="T",
+        help="quantise the cache after the call that reaches T tokens (only 0 is planned; "
+        "mlx-lm's own default is 5000)",
+    )
     parser.add_argument(
         "--hash-weights",
         action="store_true",
@@ -114,4 +136,7 @@ def compile_options(
         hash_weights=args.hash_weights,
         sync_every=args.sync_every,
         pack_seconds=args.pack_seconds,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        quantized_kv_start=args.quantized_kv_start,
     )

@@ -34,7 +34,7 @@ def run_vision(args: argparse.Namespace, plan, model, target) -> int:
     request = validate_request(plan, inputs.prompt, max_tokens, stop)
     with RssSampler() as rss:
         session = VisionSession(plan, model, verify_hashes=args.verify_weights)
-        gen = session.generate_vision(request, inputs.pixels, inputs.image_rows)
+        gen = session.generate_vision(request, inputs)
     text = tokenizer.decode(gen.tokens)
     report = build_report(
         plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, list(inputs.prompt)

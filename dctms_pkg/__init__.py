@@ -91,6 +91,9 @@ def compile_plan(
     hash_weights: bool = False,
     pack_seconds: float = 2.0,
     real_lengths: bool = True,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -122,6 +125,9 @@ def compile_plan(
         sync_every=sync_every,
         pack_seconds=pack_seconds,
         real_lengths=real_lengths,
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start,
     )
     return _compile(open_model(model), options, progress)
 
@@ -170,6 +176,9 @@ def fit(
     hash_weights: bool = False,
     pack_seconds: float = 2.0,
     real_lengths: bool = True,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
@@ -205,6 +214,9 @@ def fit(
         hash_weights=hash_weights,
         sync_every=sync_every,
         pack_seconds=pack_seconds,
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start,
     )
 
     def bounds(value: int) -> tuple[int, int]:

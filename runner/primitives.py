@@ -333,6 +333,16 @@ def _quantized_matmul(args: list, x: list[mx.array]) -> mx.array:
     )
 
 
+def _quantize(args: list, x: list[mx.array]) -> list[mx.array]:
+    # fast::Quantize [group_size, bits, mode, dequantize]: a quantised KV cache's writes
+    # (mx.quantize: packed words, scales, biases).
+    group_size, bits, mode, dequantize = args
+    mode = mode if isinstance(mode, str) else _QUANT_MODES[mode]
+    if dequantize or mode != "affine":
+        raise DctmsError(f"unsupported primitive Quantize {args_to_plain(args)} (mlx {mx.__version__})")
+    return list(mx.quantize(x[0], group_size=group_size, bits=bits, mode=mode))
+
+
 _CREATION: dict[str, Callable[[list, list[mx.array], tuple, mx.Dtype], mx.array]] = {
     # [start, stop, step]; the dtype is the output's
     "Arange": lambda a, x, shape, dtype: mx.arange(a[0], a[1], a[2], dtype=dtype),
@@ -410,6 +420,7 @@ _LINALG: dict[str, Handler] = {
     # [alpha, beta]; inputs: a, b, c (the addend last) -> alpha * a @ b + beta * c
     "AddMM": lambda a, x: mx.addmm(x[2], x[0], x[1], alpha=a[0], beta=a[1]),
     "QuantizedMatmul": _quantized_matmul,
+    "Quantize": _quantize,
     "GatherMM": _gather_mm,  # mixture-of-experts matmuls
     "GatherQMM": _gather_qmm,
 }

@@ -22,6 +22,7 @@ import mlx.core as mx
 from dctms.runner.execute import PhaseProgram
 from dctms.runner.load import check_fingerprint, configure_mlx, load_weights
 from dctms.runner.primitives import dtype_from_name
+from dctms.runner.quantized_kv import START, prefill_like_mlx_lm
 from dctms.runner.request import Request
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
@@ -29,9 +30,7 @@ from dctms.schema.model_folder import ModelFolder
 from dctms.schema.types import Plan, Scratch
 
 
-def check_allocation(
-    plan: Plan, weights: dict[str, mx.array], state: dict[str, mx.array]
-) -> None:
+def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, mx.array]) -> None:
     """The arrays this session allocated hold every index a valid request makes the runner feed:
     token ids below ``model.vocab_size`` into the embedding rows, and write positions into the KV
     state up to the padded prompt and N + M - 1. Checked against the arrays themselves, not the
@@ -43,6 +42,7 @@ def check_allocation(
     last_start = {
         "prefill": padded - b.prefill_chunk,
         "decode": max(0, b.input_tokens + b.output_tokens - 2),
+        START: 0,  # a quantised cache's first prompt piece (runner.quantized_kv)
         "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
     }
     for phase in plan.phases:
@@ -65,7 +65,8 @@ def check_allocation(
         for w in writes:
             shape = state[w.state].shape if w.state in state else ()
             size = shape[w.axis] if w.axis < len(shape) else 0
-            end = last_start[phase.name] + w.extent
+            # a sliding-window ring: position mod slots, never wrapping (the verifier's rule)
+            end = w.modulus if w.modulus is not None else last_start[phase.name] + w.extent
             if end > size:
                 raise DctmsError(
                     f"{phase.name} writes {w.state} up to position {end}, but the array "
@@ -129,12 +130,15 @@ class Session:
         phases = {p.name: p for p in plan.phases}
         self.prefill = PhaseProgram(phases["prefill"])
         self.decode = PhaseProgram(phases["decode"])
+        self.prefill_start = PhaseProgram(phases[START]) if START in phases else None
         self.chunk = plan.bounds.prefill_chunk
 
     def held_bytes(self) -> int:
         """What this session keeps allocated between calls: weights, KV state, constants."""
         arrays = [*self.weights.values(), *self.state.values()]
         arrays += [*self.prefill.constants.values(), *self.decode.constants.values()]
+        if self.prefill_start is not None:
+            arrays += self.prefill_start.constants.values()
         return sum(a.nbytes for a in arrays)
 
     def apply_limits(self, foreign_bytes: int = 0) -> None:
@@ -165,7 +169,10 @@ class Session:
             raise ValueError("the request was validated for another plan")
         prompt, max_tokens, stop = list(request.prompt), request.max_tokens, request.stop
         start = time.perf_counter()
-        token_array = self._prefill(prompt)
+        if self.prefill_start is None:
+            token_array = self._prefill(prompt)
+        else:  # a quantised KV cache: mlx-lm's call boundaries decide what is quantised
+            token_array = prefill_like_mlx_lm(self, prompt)
         token = int(token_array.item())
         gen = Generation([token], time.perf_counter() - start)
         if on_token is not None and on_token(token) is False:

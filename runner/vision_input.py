@@ -23,16 +23,38 @@ class ImageRefused(DctmsError):
     """An image (or a number of images) the plan was not compiled for."""
 
 
-# Per family: the placeholder a prompt marks an image with, and what one image becomes.
-_GEMMA3 = ("<start_of_image>", "\n\n<start_of_image>{tokens}<end_of_image>\n\n", "<image_soft_token>")
+@dataclass(frozen=True)
+class Prompting:
+    """How a family's prompt marks an image and what one image becomes in it."""
+
+    placeholder: str  # counted in the prompt: one per image
+    unmarked: str  # put before the prompt for each image it does not mark
+    expansion: str  # the placeholder is replaced by this, {tokens} = the image's tokens
+    image_token: str
+
+
+PROMPTING = {
+    "gemma3": Prompting(
+        "<start_of_image>",
+        "<start_of_image>",
+        "\n\n<start_of_image>{tokens}<end_of_image>\n\n",
+        "<image_soft_token>",
+    ),
+    "qwen2_vl": Prompting(
+        "<|image_pad|>", "<|vision_start|><|image_pad|><|vision_end|>", "{tokens}", "<|image_pad|>"
+    ),
+}
 
 
 @dataclass(frozen=True)
 class VisionInputs:
     prompt: tuple[int, ...]  # token ids, image tokens expanded
-    pixels: tuple[np.ndarray, ...]  # one pixel_values array per image, the plan's pixel shape
+    pixels: tuple[np.ndarray, ...]  # one pixel_values array per image, its variant's shape
+    phases: tuple[str, ...]  # the vision phase (variant) of each image
     image_rows: tuple[int, ...]  # per prompt position: the features-table row (0 for text)
     processor: str  # the image processor class that ran
+    rope: tuple[tuple[int, ...], ...] | None = None  # [3][len(prompt)] M-RoPE positions
+    rope_delta: int = 0  # decode position = cache position + rope_delta (M-RoPE)
 
 
 def read_images(paths: list[str], plan: Plan) -> list:
@@ -62,12 +84,13 @@ def read_images(paths: list[str], plan: Plan) -> list:
 
 def prepare(plan: Plan, folder: Path, tokenizer, text: str, images: list) -> VisionInputs:
     """Token ids and pixel values for ``text`` with ``images``, checked against the plan's bounds
-    (number of images, pixel shape after preprocessing; the prompt length is the request's)."""
+    (number of images, size after preprocessing; the prompt length is the request's)."""
     vision = _vision(plan)
-    if vision.family != "gemma3":
+    prompting = PROMPTING.get(vision.family)
+    if prompting is None:
         raise DctmsError(f"not supported yet: running {vision.family} plans")
-    placeholder, expansion, image_token = _GEMMA3
-    pixels: list[np.ndarray] = []
+    variants = {(v.height, v.width): v for v in vision.variants}
+    pixels, phases, grids, counts = [], [], [], []
     name = ""
     if images:
         processor = _image_processor(folder)
@@ -75,36 +98,62 @@ def prepare(plan: Plan, folder: Path, tokenizer, text: str, images: list) -> Vis
         for k, img in enumerate(images):
             out = processor(images=[img], return_tensors="np")
             px = np.asarray(out["pixel_values"], dtype=np.float32)
-            if list(px.shape) != list(vision.pixel_shape):
-                h, w = px.shape[-2:]
+            if "image_grid_thw" in out:  # dynamic resolution: the grid of 14x14 patches
+                t, gh, gw = (int(x) for x in np.asarray(out["image_grid_thw"])[0])
+                patch, merge = int(processor.patch_size), int(processor.merge_size)
+                size = (gh * patch, gw * patch)
+                grids.append((t, gh // merge, gw // merge))
+            else:
+                size = tuple(int(x) for x in px.shape[-2:])
+            variant = variants.get(size)
+            if variant is None or list(px.shape) != list(variant.pixel_shape):
+                h, w = size
+                bound = f"{vision.image_size[0]}x{vision.image_size[1]}"
                 raise ImageRefused(
-                    f"image {k + 1} is {h}x{w} after preprocessing, the plan's bound is "
-                    f"{vision.image_size[0]}x{vision.image_size[1]}; recompile with "
-                    f"--image-size {h}x{w}"
+                    f"image {k + 1} is {h}x{w} after preprocessing, the plan's bound is {bound}; "
+                    f"recompile with --image-size {max(h, vision.image_size[0])}x"
+                    f"{max(w, vision.image_size[1])}"
                 )
             pixels.append(px)
-    marked = text.count(placeholder)
+            phases.append(variant.phase)
+            counts.append(variant.tokens)
+    marked = text.count(prompting.placeholder)
     if marked > len(images):
         raise DctmsError(
-            f"the prompt marks {marked} images ({placeholder}), but {len(images)} were given"
+            f"the prompt marks {marked} images ({prompting.placeholder}), but {len(images)} "
+            "were given"
         )
     # Images the prompt does not mark go first, as a chat template puts them.
-    text = placeholder * (len(images) - marked) + text
-    soft = expansion.format(tokens=image_token * vision.tokens_per_image)
-    ids = tokenizer.encode(text.replace(placeholder, soft))
-    rows, seen = [], 0
+    text = prompting.unmarked * (len(images) - marked) + text
+    pieces = text.split(prompting.placeholder)
+    expanded = pieces[0]
+    for count, piece in zip(counts, pieces[1:], strict=True):
+        expanded += prompting.expansion.format(tokens=prompting.image_token * count) + piece
+    ids = tokenizer.encode(expanded)
+    rows, image, within = [], 0, 0
     for t in ids:
-        if t == vision.image_token_id:
-            rows.append(seen)
-            seen += 1
+        if t == vision.image_token_id and image < len(counts):
+            rows.append(image * vision.tokens_per_image + within)
+            within += 1
+            if within == counts[image]:
+                image, within = image + 1, 0
         else:
             rows.append(0)
-    if seen != vision.tokens_per_image * len(images):
+    found = sum(1 for t in ids if t == vision.image_token_id)
+    if found != sum(counts):
         raise DctmsError(
-            f"the prompt holds {seen} image tokens, {len(images)} images need "
-            f"{vision.tokens_per_image * len(images)} (the text itself uses the image token?)"
+            f"the prompt holds {found} image tokens, its {len(images)} images need "
+            f"{sum(counts)} (the text itself uses the image token?)"
         )
-    return VisionInputs(tuple(ids), tuple(pixels), tuple(rows), name)
+    rope, delta = None, 0
+    if vision.mrope:
+        from dctms.runner.vision_rope import mrope_positions
+
+        axes, delta = mrope_positions(ids, vision.image_token_id, grids)
+        rope = tuple(tuple(a) for a in axes)
+    return VisionInputs(
+        tuple(ids), tuple(pixels), tuple(phases), tuple(rows), name, rope, delta
+    )
 
 
 def _image_processor(folder: Path):

@@ -32,12 +32,14 @@ class TokenGather:
 @dataclass(frozen=True)
 class PositionWrite:
     """``DynamicSliceUpdate`` of a state array at the position input: writes ``extent`` entries
-    along ``axis`` starting at the position."""
+    along ``axis`` starting at the position -- or, with ``modulus``, at the position modulo it (a
+    sliding-window ring, ``StateTensor.window``)."""
 
     op_position: int
     state: str  # the state's name (Binding.name)
     axis: int
     extent: int
+    modulus: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,30 @@ def derived_ids(phase: Phase, input_name: str) -> set[str]:
                         ids.add(out)
                         changed = True
     return ids
+
+
+def ring_positions(phase: Phase) -> dict[str, int]:
+    """Ids holding ``position mod m`` for a constant scalar ``m`` >= 1 (``Remainder`` of the
+    position by a one-element constant, then shape-only ops), with their ``m``."""
+    positions = derived_ids(phase, "position")
+    constants = {c.id: c.value for c in phase.constants}
+    found: dict[str, int] = {}
+    for op in phase.ops:
+        if op.primitive != "Remainder" or len(op.inputs) != 2 or op.inputs[0] not in positions:
+            continue
+        value = constants.get(op.inputs[1])
+        if value is not None and len(value) == 1 and type(value[0]) is int and value[0] >= 1:
+            found.update((out, value[0]) for out in op.outputs)
+    changed = True
+    while changed:
+        changed = False
+        for op in phase.ops:
+            if op.primitive in PASS_THROUGH and len(op.inputs) == 1 and op.inputs[0] in found:
+                for out in op.outputs:
+                    if out not in found:
+                        found[out] = found[op.inputs[0]]
+                        changed = True
+    return found
 
 
 def _axes(args: list) -> list[int] | None:
@@ -92,6 +118,7 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
     """Dynamic writes into state: those at the position input, and any others (a valid plan has
     none)."""
     positions = derived_ids(phase, "position")
+    rings = ring_positions(phase)
     state = {b.id: b.name for b in phase.inputs if b.kind == "state"}
     shapes = {t.id: t.shape for t in phase.tensors}
     shapes.update({b.id: b.shape for b in phase.inputs})
@@ -104,12 +131,13 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
         axes = _axes(op.args)
         name = state[op.inputs[0]]
         update = shapes.get(op.inputs[1]) if len(op.inputs) == 3 else None
-        if axes is None or len(axes) != 1 or update is None or op.inputs[2] not in positions:
+        start = op.inputs[2] if len(op.inputs) == 3 else None
+        if axes is None or len(axes) != 1 or update is None or start not in positions | set(rings):
             stray.append(StrayStateWrite(k, name))
             continue
         axis = axes[0]
         if not 0 <= axis < len(update):
             stray.append(StrayStateWrite(k, name))
             continue
-        writes.append(PositionWrite(k, name, axis, update[axis]))
+        writes.append(PositionWrite(k, name, axis, update[axis], rings.get(start)))
     return writes, stray

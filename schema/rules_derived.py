@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.rules_runner import runnable
 from dctms.schema.sizes import ITEMSIZE, is_arena_tenant
+from dctms.schema.vision_bytes import vision_phases
 
 Finding = tuple[str, str]
 
@@ -49,12 +50,16 @@ def persistent_state(ix: PlanIndex) -> Iterator[Finding]:
     if not runnable(plan):
         return  # what the runner holds across its calls: a plan it cannot run holds nothing
     slack = plan.target.allocator_slack
+    # A vision call's inputs live only during the call (counted with its arena, see
+    # schema.vision_bytes); the features table among them is also prefill's input, counted there.
+    variants = vision_phases(plan)
     need = 0
     for phase in plan.phases:
         constants = [_bytes(c.shape, c.dtype) for c in phase.constants]
         inputs = [_bytes(b.shape, b.dtype) for b in phase.inputs if b.kind == "input"]
         need += sum(b + min(b, slack) for b in constants)
-        need += 2 * sum(b + min(b, slack) for b in inputs)
+        if phase.name not in variants:
+            need += 2 * sum(b + min(b, slack) for b in inputs)
     if plan.envelope.persistent < need:
         yield (
             "$.envelope.persistent",

@@ -49,6 +49,13 @@ def compile_request(ix: PlanIndex) -> Iterator[Finding]:
         value = getattr(req, name)
         if value is not None and value != recorded:
             yield f"$.compile.{name}", f"is {value!r}, but {where} is {recorded!r}"
+    asked = (req.kv_bits, req.kv_group_size if req.kv_bits is not None else None)
+    if asked != (b.kv.bits, b.kv.group_size):
+        yield (
+            "$.compile.kv_bits",
+            f"asks for kv bits/group size {asked}, but bounds.kv records "
+            f"{(b.kv.bits, b.kv.group_size)}",
+        )
     if req.device_memory != t.device_memory:
         yield (
             "$.compile.device_memory",

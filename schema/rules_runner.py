@@ -22,11 +22,17 @@ RUNNER_INPUTS = {
     "prefill": ("tokens", "position", "last_index"),
     "decode": ("tokens", "position"),
 }
-# Phases the runner executes when the plan has them (speculative decoding's verify call).
-OPTIONAL_INPUTS = {"verify": ("tokens", "position")}
+# Phases the runner executes when the plan has them: speculative decoding's verify call, a
+# quantised KV cache's first call.
+OPTIONAL_INPUTS = {
+    "verify": ("tokens", "position"),
+    "prefill_start": ("tokens", "position", "last_index"),
+}
 RESULT = "next_token"
-# What a vision-language plan's prefill is fed besides (see ``rules_vision``).
-VISION_PREFILL_INPUTS = ("image_features", "image_rows")
+# What a vision-language plan's text phases are fed besides (see ``rules_vision``): the features
+# table and each position's row in it; with 3-axis rotary positions (``vision.mrope``) those too.
+VISION_INPUTS = {"prefill": ("image_features", "image_rows"), "decode": ()}
+MROPE_INPUTS = ("rope_positions",)
 
 
 def runnable(plan) -> bool:
@@ -47,8 +53,8 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
         fed = RUNNER_INPUTS.get(phase.name) or OPTIONAL_INPUTS.get(phase.name)
         if fed is None:
             continue  # not executed by the runner (a vision phase: see rules_vision)
-        if phase.name == "prefill" and plan.vision is not None:
-            fed = fed + VISION_PREFILL_INPUTS
+        if plan.vision is not None:
+            fed = fed + VISION_INPUTS[phase.name] + (MROPE_INPUTS if plan.vision.mrope else ())
         given = [b.name for b in phase.inputs if b.kind == "input"]
         for k, b in enumerate(phase.inputs):
             where = f"{px.path}.inputs[{k}]"
@@ -73,7 +79,10 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
             if b.kind == "state" and b.name not in {i.name for i in phase.inputs}:
                 yield f"{px.path}.outputs[{k}].name", f"state {b.name!r} is written but never read"
     for px in ix.phases:
-        if px.phase.name == "prefill" and px.phase.tokens != plan.bounds.prefill_chunk:
+        if (
+            px.phase.name in ("prefill", "prefill_start")
+            and px.phase.tokens != plan.bounds.prefill_chunk
+        ):
             yield (
                 f"{px.path}.tokens",
                 f"{px.phase.tokens}, but the runner feeds prefill_chunk = "
@@ -81,6 +90,20 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
             )
         if px.phase.name == "decode" and px.phase.tokens != 1:
             yield f"{px.path}.tokens", f"{px.phase.tokens}, but decode processes one token per call"
+
+
+def quantized_start(ix: PlanIndex) -> Iterator[Finding]:
+    """A quantised KV cache (``bounds.kv.bits``) has the ``prefill_start`` phase its first call runs
+    (float attention, as mlx-lm's call before it quantises its cache), and only such a plan has."""
+    plan = ix.plan
+    has = any(p.name == "prefill_start" for p in plan.phases)
+    if plan.bounds.kv.bits is not None and not has and runnable(plan):
+        yield "$.phases", "a quantised KV cache needs the prefill_start phase (its first call)"
+    if plan.bounds.kv.bits is None and has:
+        yield (
+            "$.phases",
+            "prefill_start is the first call of a quantised KV cache, but bounds.kv has no bits",
+        )
 
 
 def vocabulary(ix: PlanIndex) -> Iterator[Finding]:
@@ -121,19 +144,66 @@ def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
         for w in writes:
             where = px.op_path(w.op_position)
             if w.extent > px.phase.tokens:
-                yield where, (
-                    f"writes {w.extent} positions of {w.state!r} per call, "
-                    f"more than the phase's {px.phase.tokens} tokens"
+                yield (
+                    where,
+                    (
+                        f"writes {w.extent} positions of {w.state!r} per call, "
+                        f"more than the phase's {px.phase.tokens} tokens"
+                    ),
                 )
             target = state.get(w.state)
             if target is None:
                 continue  # the bindings rule reports it
             size = target.shape[w.axis] if w.axis < len(target.shape) else 0
-            if size < capacity:
-                yield where, (
-                    f"writes {w.state!r} along axis {w.axis} of size {size}, "
-                    f"smaller than bounds.kv_capacity {capacity}"
+            if w.modulus is not None or target.window is not None:
+                yield from _ring_write(px, w, target, size, plan.bounds.prefill_chunk)
+            elif size < capacity:
+                yield (
+                    where,
+                    (
+                        f"writes {w.state!r} along axis {w.axis} of size {size}, "
+                        f"smaller than bounds.kv_capacity {capacity}"
+                    ),
                 )
+
+
+# The phases whose calls start at a multiple of bounds.prefill_chunk (the runner's prompt pieces).
+CHUNK_ALIGNED = ("prefill", "prefill_start")
+
+
+def _ring_write(px, w, target, size: int, chunk: int) -> Iterator[Finding]:
+    """A sliding-window ring is written at ``position mod window.slots`` and the write never wraps:
+    one position per call, or a prompt piece (starting at a multiple of the chunk) in a ring that
+    is a whole number of chunks."""
+    where = px.op_path(w.op_position)
+    ring = target.window
+    if ring is None:
+        yield where, f"writes {w.state!r} modulo {w.modulus}, but the state has no window"
+        return
+    if w.modulus != ring.slots:
+        yield (
+            where,
+            (
+                f"writes ring {w.state!r} at the position"
+                + (f" modulo {w.modulus}" if w.modulus is not None else "")
+                + f", not modulo its {ring.slots} slots"
+            ),
+        )
+        return
+    if size < ring.slots:
+        yield (
+            where,
+            f"ring {w.state!r} has {size} positions along axis {w.axis}, fewer than its {ring.slots} slots",
+        )
+    aligned = px.phase.name in CHUNK_ALIGNED and ring.slots % chunk == 0
+    if w.extent > 1 and not aligned:
+        yield (
+            where,
+            (
+                f"writes {w.extent} positions of ring {w.state!r} per call where a write may wrap "
+                f"(slots {ring.slots}, prefill_chunk {chunk}, phase {px.phase.name})"
+            ),
+        )
 
 
 INT32_MAX = 2**31 - 1

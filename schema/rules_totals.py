@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dctms.schema.fingerprint import layout_sha256
 from dctms.schema.phase_index import PlanIndex
 from dctms.schema.sizes import is_arena_tenant
+from dctms.schema.vision_bytes import transient_bytes
 
 Finding = tuple[str, str]
 
@@ -139,11 +140,15 @@ def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
         where = f"$.envelope.parts[{env.parts.index(own)}]" if own is not None else ""
     if own is None:
         return
-    largest = max((p.arena_bytes + p.slack_bytes for p in plan.phases), default=0)
+    # A vision call's own inputs (pixel values) live only during the call: counted with its arena.
+    largest = max(
+        (p.arena_bytes + p.slack_bytes + transient_bytes(plan, p) for p in plan.phases), default=0
+    )
     if own.intermediate != largest:
         yield (
             f"{where}.intermediate",
-            f"{own.intermediate}, but the largest phase arena plus allocator slack is {largest}",
+            f"{own.intermediate}, but the largest phase arena plus allocator slack (plus a vision "
+            f"call's inputs) is {largest}",
         )
     for name in STATE_KINDS:
         total = sum(s.bytes for s in plan.state if s.kind == name)

@@ -132,6 +132,15 @@ class Target(_Base):
     allocator_slack: Int = 0
 
 
+class SlidingWindow(_Base):
+    """A sliding-window layer's cache as a ring (mlx-lm's ``RotatingKVCache``, keep 0): position p
+    is written at slot ``p mod slots``, and attention sees the last ``window`` positions.
+    ``slots`` is a multiple of ``bounds.prefill_chunk`` and at least ``window - 1 + chunk``."""
+
+    window: Positive
+    slots: Positive
+
+
 class StateTensor(_Base):
     """Memory that lives across steps, allocated once at plan capacity (KV cache, ...)."""
 
@@ -140,6 +149,7 @@ class StateTensor(_Base):
     shape: Shape
     dtype: Name
     bytes: ByteCount
+    window: SlidingWindow | None = None  # a ring of ``window.slots`` positions, not kv_capacity
 
 
 class Binding(_Base):
@@ -387,6 +397,10 @@ class CompileRequest(_Base):
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
+    # mlx-lm's kv_bits / kv_group_size / quantized_kv_start (None bits: a float KV cache)
+    kv_bits: Positive | None = None
+    kv_group_size: Positive = 64
+    quantized_kv_start: Int = 0
     vision: VisionRequest | None = None  # a vision-language plan's image bounds
     draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
     num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
@@ -404,13 +418,27 @@ class Stream(_Base):
     mlx_stream: Int = 0
 
 
+class VisionVariant(_Base):
+    """One image size the plan has a vision phase for (after the model's own preprocessing).
+
+    A fixed-resolution tower has one; a dynamic-resolution one (the image size decides the patch
+    count) has one per size up to the bound, each phase traced and planned at that size."""
+
+    phase: Name  # the vision phase that encodes an image of this size
+    height: Positive
+    width: Positive
+    tokens: Positive  # feature rows (image tokens) an image of this size fills
+    pixel_shape: Shape  # its pixel_values array, as the family's processor makes it
+
+
 class Vision(_Base):
     """A vision-language plan: its image bounds and the features table the images fill.
 
-    Each image runs the ``vision`` phase once and fills ``tokens_per_image`` rows of the
-    ``image_features`` table (``feature_rows`` = ``images`` x ``tokens_per_image``); prefill reads
-    the rows of its image-token positions (input ``image_rows``). Only the table outlives the
-    vision phase."""
+    Image k runs the vision phase of its size (``variants``) once and fills rows from
+    ``k * tokens_per_image`` of the ``image_features`` table (``feature_rows`` = ``images`` x
+    ``tokens_per_image``, the most tokens of any variant); prefill reads the rows of its
+    image-token positions (input ``image_rows``). Only the table outlives the vision phase.
+    ``mrope``: the text phases take 3-axis rotary positions (input ``rope_positions``)."""
 
     family: Name  # mlx-vlm model_type, e.g. "gemma3"
     resolution: Literal["fixed", "dynamic"]
@@ -420,8 +448,9 @@ class Vision(_Base):
     feature_rows: Positive
     hidden_size: Positive
     image_token_id: Int
-    pixel_shape: Shape  # the pixel_values array of one image at the bound
+    variants: list[VisionVariant]
     streams: list[Stream]
+    mrope: bool = False
 
 
 class Draft(_Base):

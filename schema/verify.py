@@ -38,6 +38,7 @@ from dctms.schema import (
     rules_request,
     rules_runner,
     rules_totals,
+    rules_vision,
 )
 from dctms.schema.draft import DRAFT, draft_view, part
 from dctms.schema.errors import Problem
@@ -76,6 +77,7 @@ RULES: dict[str, Rule] = {
     "envelope_sum": rules_totals.envelope_sum,
     "stats": rules_totals.stats,
     "runner_names": rules_runner.runner_names,
+    "quantized_start": rules_runner.quantized_start,
     "vocabulary": rules_runner.vocabulary,
     "state_capacity": rules_runner.state_capacity,
     "op_arguments": rules_runner.op_arguments,
@@ -86,6 +88,7 @@ RULES: dict[str, Rule] = {
     "lengths": rules_lengths.lengths,
     "compile_request": rules_request.compile_request,
     "speculative": rules_draft.speculative,
+    "vision": rules_vision.vision_plan,
     "module_tree": rules_modules.module_tree,
     "module_runs": rules_modules.module_runs,
     "module_layer": rules_modules.module_layer,

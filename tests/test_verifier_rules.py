@@ -532,10 +532,22 @@ CASES: list[tuple[str, str, Break]] = [
     ("runner_names", "a prefill phase without last_index", lambda p: _with_prefill(p)),
     ("runner_names", "decode input renamed", lambda p: _with_prefill(binding(p, "inputs", "pos", name="pos"))),
     ("runner_names", "next_token renamed", lambda p: _with_prefill(binding(p, "outputs", "out", name="token"))),
+    ("compile_request", "kv bits differ from bounds.kv", lambda p: with_request(p, kv_bits=4)),
+    (
+        "quantized_start",
+        "a quantised KV cache without its prefill_start phase",
+        lambda p: _with_prefill(nested(p, "bounds", kv=replace(p.bounds.kv, bits=4, group_size=32))),
+    ),
+    (
+        "quantized_start",
+        "a prefill_start phase over a float KV cache",
+        lambda p: replace(p, phases=[*p.phases, replace(P0(p), name="prefill_start")]),
+    ),
     ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
     ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),
     ("state_capacity", "cache written at a constant", lambda p: _state_written_at(p, "c_half")),
+    ("state_capacity", "a ring written at the position", lambda p: _ring(p, slots=16)),
     ("op_arguments", "a shape of 10^12", lambda p: op(p, 1, args=[[10**12, 8]])),
     # re-derived figures (schema/rules_derived.py); the first two only for runnable plans
     ("persistent_state", "no persistent state", lambda p: _with_prefill(p)),
@@ -548,6 +560,9 @@ CASES: list[tuple[str, str, Break]] = [
      lambda p: nested(p, "envelope", parts=[EnvelopePart("target", 256, 256, 0, 128)])),  # fmt: skip
     ("speculative", "a verify phase without a draft",
      lambda p: replace(p, phases=[P0(p), replace(P0(p), name="verify")])),  # fmt: skip
+    # vision-language plans (schema/rules_vision.py; tests/test_vision.py breaks real plans)
+    ("vision", "a vision phase without a vision section",
+     lambda p: replace(p, phases=[P0(p), replace(P0(p), name="vision")])),  # fmt: skip
 ]
 
 
@@ -565,6 +580,14 @@ def _with_prefill(plan: Plan) -> Plan:
 def _no_dynamic_scratch(plan: Plan) -> Plan:
     plan = op(plan, 3, scratch=0)
     return phase(plan, tensors=[t for t in P0(plan).tensors if t.id != "scratch.3"])
+
+
+def _ring(plan: Plan, slots: int) -> Plan:
+    """The cache declared a sliding-window ring (its writes stay at the plain position)."""
+    from dctms.schema.types import SlidingWindow
+
+    state = [replace(s, window=SlidingWindow(window=4, slots=slots)) for s in plan.state]
+    return replace(plan, state=state)
 
 
 def _state_written_at(plan: Plan, index_id: str) -> Plan:

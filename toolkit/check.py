@@ -74,6 +74,9 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
         "profile": "--profile",
         "sync_every": "--sync-every",
         "pack_seconds": "--pack-seconds",
+        "kv_bits": "--kv-bits",
+        "kv_group_size": "--kv-group-size",
+        "quantized_kv_start": "--quantized-kv-start",
     }
     for name, flag in flags.items():
         value = getattr(request, name)

@@ -29,7 +29,6 @@ from dctms.schema.types import (
     Constant,
     Envelope,
     Generator,
-    KVStorage,
     LengthAffine,
     Lengths,
     ModelInfo,
@@ -38,6 +37,7 @@ from dctms.schema.types import (
     Plan,
     Quantization,
     Scratch,
+    SlidingWindow,
     StateTensor,
     Stats,
     SyncPoint,
@@ -47,7 +47,7 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign, limits
+from dctms.toolkit import assign, caches, limits
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lengths import (
     TOKENS,
@@ -73,7 +73,6 @@ from dctms.toolkit.trace import (
     TracedBinding,
     TracedPhase,
     build_model,
-    check_cache_support,
     kv_capacity,
     max_window,
 )
@@ -111,6 +110,11 @@ class CompileOptions:
     # Trace smaller lengths too and record the verified points the runner may run at (see
     # toolkit.lengths); off: fixed phases (the envelope is the same either way: `fit` probes so).
     real_lengths: bool = True
+    # A quantised KV cache with mlx-lm's settings (generate_step's kv_bits, kv_group_size,
+    # quantized_kv_start); None: the cache in the activation dtype (see toolkit.caches).
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    quantized_kv_start: int = 0
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -273,22 +277,32 @@ def trace_source(
     stored = {h.name: h.dtype for h in headers} if headers else None
     # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
-    num_layers = check_cache_support(model)
+    windows = caches.check_cache_support(model)
+    num_layers = len(windows)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
-    tracer = PhaseTracer(model, num_layers, batch=opts.batch, capacity=capacity)
+    quant = caches.kv_quantization(opts)
+    rings = caches.rings_for(windows, chunk, capacity)
+    tracer = PhaseTracer(
+        model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
+    )
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill = tracer.prefill(chunk, prompt_window, paths=True)
     decode = tracer.decode(window, paths=True)
+    start = [tracer.prefill(chunk, chunk, caches.PREFILL_START, paths=True)] if quant else []
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
-    traced = tracer.traced([prefill, decode, *(tp for tp, _ in more)])
+    traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return traced, capacity, fits
+    found_start = (
+        [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))] if quant else []
+    )
     for name, found in (
+        *found_start,
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
         ("decode", _fit_decode(tracer, decode, window)),
         *((tp.name, found) for tp, found in more),
@@ -351,7 +365,14 @@ def _candidates(name: str, lf: LengthFit | None, input_tokens: int) -> list[tupl
 def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
     """The KV cache (the decode phase's state inputs) and the runner's persistent byte blocks."""
     kv = [
-        StateTensor(b.name, "kv", list(b.shape), b.dtype, nbytes(b.shape, b.dtype))
+        StateTensor(
+            b.name,
+            "kv",
+            list(b.shape),
+            b.dtype,
+            nbytes(b.shape, b.dtype),
+            window=SlidingWindow(*traced.rings[b.name]) if b.name in traced.rings else None,
+        )
         for b in traced.phase("decode").inputs
         if b.kind == "state"
     ]
@@ -393,7 +414,7 @@ def emit_plan(
             batch=opts.batch,
             prefill_chunk=settings.prefill_chunk,
             dtype=settings.dtype,
-            kv=KVStorage(dtype=traced.kv.dtype),
+            kv=caches.kv_storage(traced.kv.dtype, opts),
             kv_capacity=capacity,
         ),
         model=model_info(source, traced, weights),

@@ -243,6 +243,7 @@ def op_memory(
         return OpMemory((Effect("alloc", None, row_major(shape)),), scratch, 2)
     if primitive in (
         "QuantizedMatmul",
+        "Quantize",  # fast::Quantize (a quantised KV cache's writes): ensure_row_contiguous
         "GatherQMM",
         "GatherMM",
         "LogSumExp",

@@ -201,6 +201,10 @@ def _verify_phase(tokens: int):
 def trace_verify(tracer: PhaseTracer, tokens: int, window: int) -> TracedPhase:
     """``tokens`` tokens at ``position`` against the static cache; ``next_token`` [batch, tokens]
     is the greedy id after each (argmax of log-probabilities, as mlx-lm's greedy sampler)."""
+    if tracer.layout.quant is not None:
+        raise DctmsError(
+            "--draft with --kv-bits: a quantised KV cache is not planned for speculative decoding yet"
+        )
 
     def fn(tokens_, position, **kw):
         model = tracer.model
@@ -220,7 +224,7 @@ def trace_verify(tracer: PhaseTracer, tokens: int, window: int) -> TracedPhase:
         "tokens": mx.zeros((tracer.batch, tokens), mx.int32),
         "position": mx.array(0, mx.int32),
     }
-    return _export(VERIFY, tokens, fn, feeds, tracer.weights, tracer.state, tracer.num_layers)
+    return _export(VERIFY, tokens, fn, feeds, tracer.weights, tracer.state, tracer.layout.names)
 
 
 def _fit_window(trace_at: Callable[[int], TracedPhase], bound: TracedPhase, window: int):

@@ -92,6 +92,8 @@ class Traced:
     kv: KVLayout
     num_layers: int
     vocab_size: int
+    # state name -> (window, slots) of a sliding-window layer's ring (see toolkit.caches)
+    rings: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def phase(self, name: str) -> TracedPhase:
         """The traced phase called ``name`` ("prefill" or "decode")."""
@@ -190,24 +192,6 @@ def quantize_like_mlx_lm(model: nn.Module, quant: dict, weight_names: set[str] |
     )
 
 
-def check_cache_support(model: nn.Module) -> int:
-    """Number of layers with a standard KV cache; refuse models needing other caches."""
-    from mlx_lm.models.cache import KVCache
-
-    if hasattr(model, "make_cache"):
-        caches = model.make_cache()
-        kinds = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
-        if kinds:
-            raise DctmsError(
-                f"not supported yet: {model.model_type if hasattr(model, 'model_type') else 'model'}"
-                f" needs {', '.join(kinds)} (only a standard KV cache is planned)"
-            )
-        return len(caches)
-    if not hasattr(model, "layers"):
-        raise DctmsError("not supported yet: model exposes no .layers to size its KV cache")
-    return len(model.layers)
-
-
 # ------------------------------------------------------------------------------------ static cache
 
 
@@ -301,35 +285,37 @@ def max_window(capacity: int) -> int:
     return capacity - 1
 
 
-def state_names(num_layers: int) -> list[str]:
-    return [f"kv.{i}.{part}" for i in range(num_layers) for part in ("keys", "values")]
-
-
 class PhaseTracer:
     """Traces the two phases of one model at any lengths: ``prefill(tokens, window)`` and
     ``decode(window)``; each call is one ``mx.export_function`` of the model's real code."""
 
-    def __init__(self, model: nn.Module, num_layers: int, *, batch: int, capacity: int):
+    def __init__(
+        self,
+        model: nn.Module,
+        num_layers: int,
+        *,
+        batch: int,
+        capacity: int,
+        kv_quant=None,
+        rings=None,
+    ):
+        from dctms.toolkit.caches import StateLayout  # it builds on this module's cache classes
+
         self.model, self.num_layers, self.batch = model, num_layers, batch
         self.params = dict(tree_flatten(model.parameters()))
-        self.weights = {k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(self.params.items())}
+        self.weights = {
+            k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(self.params.items())
+        }
         self.kv = probe_kv(model, num_layers, batch)
-        kv_shapes = {}
-        for i in range(num_layers):
-            b, h, _, d = self.kv.keys[i]
-            kv_shapes[f"kv.{i}.keys"] = (b, h, capacity, d)
-            b, h, _, d = self.kv.values[i]
-            kv_shapes[f"kv.{i}.values"] = (b, h, capacity, d)
-        dtype = DTYPES.get(self.kv.dtype, mx.float32)
-        self.state = {k: _zero_cost(s, dtype) for k, s in kv_shapes.items()}
+        # ``kv_quant``: a caches.KVQuantization (mlx-lm's kv_bits etc.), None for a plain cache.
+        # ``rings``: each layer's caches.Ring (a sliding window), None for a full cache.
+        self.layout = StateLayout(self.kv, capacity, kv_quant, rings)
+        self.state = {a.name: _zero_cost(a.shape, a.dtype) for a in self.layout.arrays}
 
-    def _step(self, tokens, position, last_index, window: int, kw: dict) -> tuple:
+    def _step(self, tokens, position, last_index, window: int, kw: dict, phase: str) -> tuple:
         model = self.model
         model.update(tree_unflatten([(k, kw[k]) for k in self.params]))
-        caches = [
-            StaticKVCache(kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"], position, window)
-            for i in range(self.num_layers)
-        ]
+        caches = self.layout.caches(kw, position, window, phase)
         if last_index is None:
             logits = model(tokens, cache=caches)[:, -1, :]
         else:
@@ -337,24 +323,24 @@ class PhaseTracer:
         # Greedy exactly as mlx-lm's generate_step: argmax of log-probabilities.
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         next_token = mx.argmax(logprobs, axis=-1)
-        outs = [next_token]
-        for c in caches:
-            outs += [c.keys, c.values]
-        return tuple(outs)
+        return (next_token, *self.layout.outputs(caches))
 
-    def prefill(self, tokens: int, window: int, paths: bool = False) -> TracedPhase:
+    def prefill(
+        self, tokens: int, window: int, name: str = "prefill", paths: bool = False
+    ) -> TracedPhase:
         """``tokens`` prompt tokens at ``position``; ``last_index`` picks the last real one (a
-        chunk may be padded), whose greedy next token is returned."""
+        chunk may be padded), whose greedy next token is returned. ``name``: "prefill", or
+        "prefill_start" for a quantised cache's first call (see ``toolkit.caches``)."""
 
         def fn(tokens_, position, last_index, **kw):
-            return self._step(tokens_, position, last_index, window, kw)
+            return self._step(tokens_, position, last_index, window, kw, name)
 
         feeds = {
             "tokens": mx.zeros((self.batch, tokens), mx.int32),
             "position": mx.array(0, mx.int32),
             "last_index": mx.array(0, mx.int32),
         }
-        phase = _export("prefill", tokens, fn, feeds, self.weights, self.state, self.num_layers)
+        phase = _export(name, tokens, fn, feeds, self.weights, self.state, self.layout.names)
         return self._with_paths(phase, fn, feeds) if paths else phase
 
     def decode(self, window: int, paths: bool = False) -> TracedPhase:
@@ -363,10 +349,10 @@ class PhaseTracer:
         generate_step does)."""
 
         def fn(tokens_, position, **kw):
-            return self._step(tokens_[:, None], position, None, window, kw)
+            return self._step(tokens_[:, None], position, None, window, kw, "decode")
 
         feeds = {"tokens": mx.zeros((self.batch,), mx.uint32), "position": mx.array(0, mx.int32)}
-        phase = _export("decode", 1, fn, feeds, self.weights, self.state, self.num_layers)
+        phase = _export("decode", 1, fn, feeds, self.weights, self.state, self.layout.names)
         return self._with_paths(phase, fn, feeds) if paths else phase
 
     def _with_paths(self, phase: TracedPhase, fn, feeds: dict) -> TracedPhase:
@@ -384,7 +370,8 @@ class PhaseTracer:
         ]
         decode = next(p for p in phases if p.name == "decode")
         vocab = _vocab_size(self.model, decode)
-        return Traced(phases, weight_bindings, self.kv, self.num_layers, vocab)
+        rings = {a.name: (a.ring.window, a.ring.slots) for a in self.layout.arrays if a.ring}
+        return Traced(phases, weight_bindings, self.kv, self.num_layers, vocab, rings)
 
 
 def trace_model(
@@ -466,8 +453,12 @@ def _export(
     graph_inputs: dict[str, mx.array],
     weights: dict[str, mx.array],
     state: dict[str, mx.array],
-    num_layers: int,
+    state_order: list[str] | int,
 ) -> TracedPhase:
+    """One ``mx.export_function`` of ``fn``; ``state_order``: the names of the state outputs after
+    ``next_token`` (a number of layers: ``kv.<i>.keys``, ``kv.<i>.values`` each)."""
+    if isinstance(state_order, int):
+        state_order = [f"kv.{i}.{p}" for i in range(state_order) for p in ("keys", "values")]
     events: list[dict] = []
     try:
         mx.export_function(events.append, fn, *graph_inputs.values(), **weights, **state)
@@ -475,11 +466,11 @@ def _export(
         raise
     except Exception as err:
         raise DctmsError(f"not supported yet: tracing the {name} graph failed: {err}") from None
-    return _phase_from_events(name, tokens, list(graph_inputs), events, num_layers)
+    return _phase_from_events(name, tokens, list(graph_inputs), events, state_order)
 
 
 def _phase_from_events(
-    name: str, tokens: int, input_names: list[str], events: list[dict], num_layers: int
+    name: str, tokens: int, input_names: list[str], events: list[dict], state_order: list[str]
 ) -> TracedPhase:
     tensors: dict[str, TracedTensor] = {}
 
@@ -506,7 +497,7 @@ def _phase_from_events(
                 inputs.append(TracedBinding(tid, bkind, key, t.shape, t.dtype))
         elif kind == "outputs":
             note(ev["outputs"])
-            names = ["next_token", *state_names(num_layers)]
+            names = ["next_token", *state_order]
             for (tid, shape, dtype), oname in zip(ev["outputs"], names, strict=True):
                 okind = "state" if oname.startswith("kv.") else "output"
                 outputs.append(TracedBinding(tid, okind, oname, tuple(shape), dtype_name(dtype)))

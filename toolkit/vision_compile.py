@@ -17,7 +17,15 @@ import msgspec
 
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
-from dctms.schema.types import CompileRequest, Plan, Stream, Vision, VisionRequest
+from dctms.schema.types import (
+    CompileRequest,
+    Plan,
+    Stream,
+    Vision,
+    VisionRequest,
+    VisionVariant,
+)
+from dctms.schema.vision_bytes import call_input_bytes
 from dctms.toolkit import compiler as text
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.profiles import ridge_point
@@ -63,19 +71,24 @@ def compile_vlm_plan(
         raise DctmsError(f"--images must be between 1 and {MAX_IMAGES}, got {vision.images}")
     config = source.config
     family = family_of(config)
-    family.check_size(config, vision.height, vision.width)
+    sizes = family.sizes(config, vision.height, vision.width)
     headers = source.headers() if source.weight_files else None
     settings = text.resolve_settings(config, headers, opts)
     text.use_device(settings.backend)
     say(f"building {family.name} {settings.dtype} vision-language model (lazy weights)")
     model = build_vlm(config, settings.dtype)
-    tokens = family.tokens_per_image(config, vision.height, vision.width)
-    shapes = VisionShapes(
-        family.pixel_shape(config, vision.height, vision.width),
-        tokens,
-        vision.images,
-        family.hidden_size(model),
-    )
+    variants = [
+        VisionVariant(
+            phase=size.phase,
+            height=size.height,
+            width=size.width,
+            tokens=family.tokens(config, size.height, size.width),
+            pixel_shape=list(family.pixel_shape(config, size.height, size.width)),
+        )
+        for size in sizes
+    ]
+    tokens = max(v.tokens for v in variants)
+    shapes = VisionShapes(tokens, vision.images, family.hidden_size(model))
     if shapes.feature_rows > opts.input_tokens:
         raise DctmsError(
             f"{vision.images} images of {tokens} tokens each need {shapes.feature_rows} prompt "
@@ -86,11 +99,14 @@ def compile_vlm_plan(
     window = max_window(capacity)
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     tracer = VisionTracer(model, family, shapes, capacity=capacity, dtype=settings.dtype)
-    say(f"tracing vision ({vision.height}x{vision.width} -> {tokens} tokens), prefill "
-        f"({chunk} tokens) and decode against a {capacity}-position cache")
-    traced = tracer.traced(
-        [tracer.vision(), tracer.prefill(chunk, prompt_window), tracer.decode(window)]
-    )
+    say(f"tracing {len(variants)} vision phase(s) (up to {vision.height}x{vision.width} -> "
+        f"{tokens} tokens), prefill ({chunk} tokens) and decode against a {capacity}-position "
+        "cache")
+    encoders = [
+        tracer.vision(v.phase, tuple(v.pixel_shape), v.height, v.width, v.tokens)
+        for v in variants
+    ]
+    traced = tracer.traced([*encoders, tracer.prefill(chunk, prompt_window), tracer.decode(window)])
     weights = text.fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
     ridge = ridge_point(settings.profile)
     phases = []
@@ -106,12 +122,13 @@ def compile_vlm_plan(
                 opts.pack_seconds / len(traced.phases),
             )
         )
-    state = text.state_tensors(traced, settings.allocator_slack)
+    names, slack = {v.phase for v in variants}, settings.allocator_slack
+    state = _state(traced, names, slack)
     envelope = build_envelope(
         weights=weights.total_bytes,
         kv=sum(s.bytes for s in state if s.kind == "kv"),
         persistent=sum(s.bytes for s in state if s.kind == "persistent"),
-        intermediate=max(p.arena_bytes + p.slack_bytes for p in phases),
+        intermediate=max(p.arena_bytes + p.slack_bytes + _transient(p, names, slack) for p in phases),
         backend=settings.backend,
         device_memory=opts.device_memory,
         cache_enabled=settings.allocator_slack > 0,
@@ -130,9 +147,10 @@ def compile_vlm_plan(
             feature_rows=shapes.feature_rows,
             hidden_size=shapes.hidden,
             image_token_id=family.image_token_id(config),
-            pixel_shape=list(shapes.pixel_shape),
+            variants=variants,
+            mrope=family.mrope,
             streams=[
-                Stream("vision", ["vision"]),
+                Stream("vision", [v.phase for v in variants]),
                 Stream("text", ["prefill", "decode"]),
                 Stream("output", ["prefill", "decode"]),
             ],
@@ -140,3 +158,16 @@ def compile_vlm_plan(
     )
     text.self_check(plan)
     return plan
+
+
+def _transient(phase, variants: set[str], slack: int) -> int:
+    """A vision call's own inputs, counted with its arena (see dctms.schema.vision_bytes)."""
+    return call_input_bytes(phase, slack) if phase.name in variants else 0
+
+
+def _state(traced, variants: set[str], slack: int):
+    """The text compiler's state without the vision variants' input blocks: a vision call's own
+    inputs are counted with its arena, and the features table among them is prefill's input too
+    (their constants are all made once, so stay)."""
+    state = text.state_tensors(traced, slack)
+    return [s for s in state if s.name not in {f"{v}.inputs" for v in variants}]

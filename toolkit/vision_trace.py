@@ -74,10 +74,9 @@ def build_vlm(config: dict, dtype: str) -> nn.Module:
 
 @dataclass(frozen=True)
 class VisionShapes:
-    """The vision phase's bound: the pixel array one image becomes and the features it yields."""
+    """The features table: K images of at most T rows each, ``hidden`` wide."""
 
-    pixel_shape: tuple[int, ...]
-    tokens_per_image: int  # T: feature rows one image fills
+    tokens_per_image: int  # T: the most feature rows one image fills
     images: int  # K
     hidden: int
 
@@ -137,30 +136,31 @@ class VisionTracer:
             outs += [c.keys, c.values]
         return tuple(outs)
 
-    def vision(self) -> TracedPhase:
-        """One image into rows ``row .. row + T`` of the features table."""
+    def vision(self, name: str, pixel_shape: tuple[int, ...], height: int, width: int,
+               tokens: int) -> TracedPhase:
+        """One image of ``height`` x ``width`` into rows ``row .. row + tokens`` of the table."""
 
         def fn(pixel_values, image_features, row, **kw):
             self._use(kw)
-            feats = self.family.encode(self.model, pixel_values, self.dtype)
+            feats = self.family.encode(self.model, pixel_values, self.dtype, height, width)
             return (mx.slice_update(image_features, feats, row.reshape(1), axes=(0,)),)
 
         feeds = {
-            "pixel_values": mx.zeros(self.shapes.pixel_shape, mx.float32),
+            "pixel_values": mx.zeros(pixel_shape, mx.float32),
             "image_features": self.table,
             "row": mx.array(0, mx.int32),
         }
-        phase = _export("vision", self.shapes.tokens_per_image, fn, feeds, self.weights, {}, 0)
+        phase = _export(name, tokens, fn, feeds, self.weights, {}, 0)
         out = phase.outputs[0]
         phase.outputs = [dataclasses.replace(out, name="image_features")]
         return phase
 
     def prefill(self, tokens: int, window: int) -> TracedPhase:
-        def fn(tokens_, position, last_index, image_features, image_rows, **kw):
+        def fn(tokens_, position, last_index, image_features, image_rows, rope=None, **kw):
             self._use(kw)
             caches = self._caches(kw, position, window)
             embeds = self.family.merge(self.model, tokens_, image_features, image_rows)
-            h = self.lm.model(tokens_, inputs_embeds=embeds, cache=caches)
+            h = self.family.body(self.lm, tokens_, embeds, caches, rope)
             b, _, d = h.shape
             # The chunk's last real token only (the rest is padding), before the head.
             h = mx.slice(h, last_index.reshape(1), axes=(1,), slice_size=(b, 1, d))
@@ -174,17 +174,21 @@ class VisionTracer:
             "image_features": self.table,
             "image_rows": mx.zeros((1, tokens), mx.int32),
         }
+        if self.family.mrope:
+            feeds["rope_positions"] = mx.zeros((3, 1, tokens), mx.int32)
         return _export("prefill", tokens, fn, feeds, self.weights, self.state, self.num_layers)
 
     def decode(self, window: int) -> TracedPhase:
-        def fn(tokens_, position, **kw):
+        def fn(tokens_, position, rope=None, **kw):
             self._use(kw)
             caches = self._caches(kw, position, window)
-            h = self.lm.model(tokens_[:, None], cache=caches)
+            h = self.family.body(self.lm, tokens_[:, None], None, caches, rope)
             logits = self.family.head(self.lm, h)[:, -1, :]
             return self._greedy(logits, caches)
 
         feeds = {"tokens": mx.zeros((1,), mx.uint32), "position": mx.array(0, mx.int32)}
+        if self.family.mrope:
+            feeds["rope_positions"] = mx.zeros((3, 1, 1), mx.int32)
         return _export("decode", 1, fn, feeds, self.weights, self.state, self.num_layers)
 
     def traced(self, phases: list[TracedPhase]) -> Traced:

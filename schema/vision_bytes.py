@@ -1,0 +1,36 @@
+"""Bytes a vision call holds only while it runs: its own per-call inputs (the image's pixel
+values and its row), counted with that phase's arena rather than as persistent state.
+
+The runner makes them for one vision call, waits for the call and drops them before the next
+(``runner.vision_session``); the features table, also an input of every vision call, lives across
+calls and is counted once with prefill's inputs (persistent)."""
+
+from __future__ import annotations
+
+import math
+
+from dctms.schema.sizes import ITEMSIZE
+
+TABLE = "image_features"
+
+
+def vision_phases(plan) -> set[str]:
+    """The names of the plan's vision phases (its vision variants); empty in a text plan."""
+    return {v.phase for v in plan.vision.variants} if plan.vision is not None else set()
+
+
+def call_input_bytes(phase, slack: int) -> int:
+    """A vision call's own inputs (all but the table), each with the allocator's reuse slack."""
+    sizes = [
+        math.prod(b.shape) * ITEMSIZE.get(b.dtype, 0)
+        for b in phase.inputs
+        if b.kind == "input" and b.name != TABLE
+    ]
+    return sum(s + min(s, slack) for s in sizes)
+
+
+def transient_bytes(plan, phase) -> int:
+    """What a phase's call holds besides its arena and slack: a vision call's own inputs."""
+    if phase.name not in vision_phases(plan):
+        return 0
+    return call_input_bytes(phase, plan.target.allocator_slack)

@@ -1,0 +1,383 @@
+"""Caches other than a float KV cache: the quantised KV cache (``--kv-bits``).
+
+Against mlx-lm itself, on tiny random-weight models: the plan's M_KV is mlx-lm's own
+``QuantizedKVCache`` bytes per position times the plan's capacity (packed words, scales and biases
+to the byte); the runner's greedy ids equal ``generate_step``'s with the same ``kv_bits``,
+``kv_group_size``, ``quantized_kv_start=0`` and ``prefill_step_size`` = the plan's chunk; the
+observed MLX peak stays within the provable envelope. Bad settings are one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from dctms.schema.errors import DctmsError
+from dctms.schema.model_folder import open_model
+from dctms.schema.verify import verify_plan
+from dctms.toolkit.compiler import CompileOptions, compile_plan
+
+N, M, CHUNK = 64, 32, 16
+K = 24  # generated tokens per run
+
+BASE = {
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 257,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 512,
+    "eos_token_id": 256,
+}
+MODELS = {
+    "qwen2-f32": {"model_type": "qwen2", "torch_dtype": "float32", "tie_word_embeddings": True},
+    "llama-bf16": {
+        "model_type": "llama",
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "head_dim": 64,
+    },
+}
+# (model, kv_bits, kv_group_size)
+SETTINGS = [("qwen2-f32", 4, 32), ("qwen2-f32", 8, 32), ("llama-bf16", 4, 64)]
+
+
+def prompt_ids(length: int) -> list[int]:
+    return [(i * 37 + length * 11 + 3) % 256 for i in range(length)]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(model, bits, group) -> (folder, plan, plan path, mlx-lm model), each made once."""
+    from dctms.schema.io import write_plan
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    folders: dict[str, Path] = {}
+    cache: dict[tuple, tuple] = {}
+
+    def get(name: str, bits: int, group: int):
+        from mlx_lm.utils import load_model
+
+        if name not in folders:
+            folders[name] = tmp_path_factory.mktemp(f"kv-{name}")
+            write_tiny_model(folders[name], {**BASE, **MODELS[name]}, seed=7)
+        key = (name, bits, group)
+        if key not in cache:
+            folder = folders[name]
+            opts = CompileOptions(N, M, prefill_chunk=CHUNK, kv_bits=bits, kv_group_size=group)
+            plan = compile_plan(open_model(folder), opts)
+            path = folder / f"kv{bits}g{group}.plan"
+            write_plan(plan, path)
+            cache[key] = (folder, plan, path, load_model(folder)[0])
+        return cache[key]
+
+    return get
+
+
+def mlx_lm_generate(model, prompt: list[int], k: int, **kv) -> tuple[list[int], list]:
+    """mlx-lm's greedy tokens and its cache objects after generating them."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    steps = generate_step(
+        mx.array(prompt),
+        model,
+        max_tokens=k,
+        sampler=lambda x: mx.argmax(x, axis=-1),
+        prefill_step_size=CHUNK,
+        prompt_cache=cache,
+        **kv,
+    )
+    return [int(t) for t, _ in steps], cache
+
+
+def run_plan(plan: Path, folder: Path, prompt: list[int], k: int, report: Path):
+    cmd = [sys.executable, "-m", "dctms.cli.main", "run", str(plan), "--model", str(folder)]
+    cmd += ["--tokens", ",".join(map(str, prompt)), "--max-tokens", str(k), "--ignore-eos"]
+    cmd += ["--report", str(report)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def kv_settings(bits: int, group: int) -> dict:
+    return {"kv_bits": bits, "kv_group_size": group, "quantized_kv_start": 0}
+
+
+@pytest.mark.parametrize(
+    ("name", "bits", "group"),
+    [pytest.param(*s, marks=() if i == 0 else pytest.mark.slow) for i, s in enumerate(SETTINGS)],
+)
+def test_quantised_cache_is_mlx_lms_to_the_byte(built, name, bits, group) -> None:
+    _, plan, _, model = built(name, bits, group)
+    assert verify_plan(plan) == []
+    assert (plan.bounds.kv.bits, plan.bounds.kv.group_size) == (bits, group)
+    _, cache = mlx_lm_generate(model, prompt_ids(20), 4, **kv_settings(bits, group))
+    assert {type(c).__name__ for c in cache} == {"QuantizedKVCache"}
+    # mlx-lm allocates its cache in steps of 256 positions: compare bytes per position.
+    per_position = sum(c.nbytes // c.keys[0].shape[2] for c in cache)
+    assert plan.envelope.kv == per_position * plan.bounds.kv_capacity
+    # packed words, scales and biases for keys and for values of every layer
+    kv = [s for s in plan.state if s.kind == "kv"]
+    assert len(kv) == 6 * plan.model.num_layers
+    assert {s.dtype for s in kv} == {"uint32", MODELS[name]["torch_dtype"]}
+
+
+def test_phases_use_mlx_lms_quantised_attention(built) -> None:
+    _, plan, _, _ = built(*SETTINGS[0])
+    phases = {p.name: p for p in plan.phases}
+    assert set(phases) == {"prefill_start", "prefill", "decode"}
+    layers = plan.model.num_layers
+    for name, phase in phases.items():
+        state = {b.id for b in phase.inputs if b.kind == "state"}
+        quantize = [op for op in phase.ops if op.primitive == "Quantize"]
+        assert len(quantize) == 2 * layers  # keys and values of every layer, as mlx-lm writes
+        assert all(op.args[:2] == [SETTINGS[0][2], SETTINGS[0][1]] for op in quantize)
+        views = _views_of(phase, state)
+        reads = [
+            op for op in phase.ops if op.primitive == "QuantizedMatmul" and set(op.inputs) & views
+        ]
+        # the first call attends in float (mlx-lm's cache is quantised after it); the others
+        # compute scores and outputs with quantised matmuls over the cache, per layer
+        assert len(reads) == (0 if name == "prefill_start" else 2 * layers), name
+
+
+def _views_of(phase, roots: set[str]) -> set[str]:
+    views = {t.id for t in phase.tensors if t.view_of in roots}
+    grew = True
+    while grew:
+        more = {t.id for t in phase.tensors if t.view_of in views} - views
+        grew = bool(more)
+        views |= more
+    return views | roots
+
+
+PROMPTS = [1, 5, CHUNK, 50, N]  # one token, short, one chunk, several chunks (padded), exactly N
+CASES = [(s, p) for s in SETTINGS for p in PROMPTS]
+
+
+@pytest.mark.parametrize(
+    ("setting", "length"),
+    [
+        pytest.param(
+            s,
+            p,
+            id=f"{s[0]}-kv{s[1]}g{s[2]}-{p}",
+            marks=() if (s, p) == CASES[3] else pytest.mark.slow,
+        )
+        for s, p in CASES
+    ],
+)
+def test_runner_matches_mlx_lm_with_a_quantised_cache(built, setting, length, tmp_path) -> None:
+    folder, plan, path, model = built(*setting)
+    prompt = prompt_ids(length)
+    expected, _ = mlx_lm_generate(model, prompt, K, **kv_settings(*setting[1:]))
+    assert len(set(expected)) >= 4, f"degenerate reference: {expected}"
+    proc = run_plan(path, folder, prompt, K, tmp_path / "report.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tokens"] == expected
+    assert report["within_envelope"], report["observed"]
+    print(f"{setting} L={length}: provable/observed {report['envelope_over_observed']:.4f}")
+
+
+def test_quantisation_changes_the_reference(built) -> None:
+    """Not vacuous: the quantised cache changes mlx-lm's own greedy ids on this model."""
+    *_, model = built(*SETTINGS[0])
+    plain, _ = mlx_lm_generate(model, prompt_ids(50), K)
+    quantised, _ = mlx_lm_generate(model, prompt_ids(50), K, **kv_settings(*SETTINGS[0][1:]))
+    assert plain != quantised
+
+
+def test_bad_kv_settings_are_refused(tmp_path: Path) -> None:
+    cfg = {**BASE, **MODELS["qwen2-f32"]}  # head_dim 32
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    src = open_model(tmp_path)
+    for opts, needle in [
+        (dict(kv_bits=3), "--kv-bits must be one of 4, 8"),
+        (dict(kv_bits=4, kv_group_size=48), "--kv-group-size must be one of"),
+        (dict(kv_bits=4, kv_group_size=64), "does not divide the model's head dimension 32"),
+        (dict(kv_bits=4, kv_group_size=32, quantized_kv_start=100), "only 0 is planned"),
+    ]:
+        with pytest.raises(DctmsError, match=needle):
+            compile_plan(src, CompileOptions(16, 8, **opts))
+    proc = subprocess.run(
+        [sys.executable, "-m", "dctms.cli.main", "compile", str(tmp_path), "-N", "16", "-M", "8"]
+        + ["--kv-bits", "8", "-o", str(tmp_path / "x.plan")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--kv-group-size 64 does not divide" in lines[0], proc.stderr
+    assert not (tmp_path / "x.plan").exists()
+
+
+def test_readme_lists_every_mlx_lm_cache_class() -> None:
+    """The README's cache table is toolkit.caches.CACHE_SUPPORT, which names every cache class
+    mlx-lm's cache module defines (batched variants aside)."""
+    import inspect
+
+    import mlx_lm.models.cache as mlx_cache
+
+    from dctms.toolkit.caches import CACHE_SUPPORT
+
+    classes = {
+        name
+        for name, cls in inspect.getmembers(mlx_cache, inspect.isclass)
+        if issubclass(cls, mlx_cache._BaseCache)
+        and cls is not mlx_cache._BaseCache
+        and not name.startswith("Batch")
+    }
+    assert classes == set(CACHE_SUPPORT)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = [f"| `{name}` | {status} |" for name, status in CACHE_SUPPORT.items()]
+    assert all(row in readme for row in rows), [r for r in rows if r not in readme]
+
+
+def test_a_refused_cache_says_which_and_why(tmp_path: Path) -> None:
+    cfg = {
+        "model_type": "mamba",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "state_size": 8,
+        "num_hidden_layers": 2,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": 4,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DctmsError, match="ArraysCache: recurrent state"):
+        compile_plan(open_model(tmp_path), CompileOptions(16, 8))
+
+
+# ------------------------------------------------------------------ sliding-window (rotating) caches
+
+WINDOW = 16
+RING_MODELS = {
+    "gemma3-f32": {
+        "model_type": "gemma3_text",
+        "torch_dtype": "float32",
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": WINDOW,
+        "sliding_window_pattern": 2,
+        "num_hidden_layers": 4,
+    },
+    "olmo3-bf16": {
+        "model_type": "olmo3",
+        "torch_dtype": "bfloat16",
+        "sliding_window": WINDOW,
+        "num_hidden_layers": 4,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def ring_built(tmp_path_factory):
+    from mlx_lm.utils import load_model
+
+    from dctms.schema.io import write_plan
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(f"ring-{name}")
+            write_tiny_model(folder, {**BASE, **RING_MODELS[name]}, seed=7)
+            plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
+            write_plan(plan, folder / "model.plan")
+            cache[name] = (folder, plan, folder / "model.plan", load_model(folder)[0])
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=() if i == 0 else pytest.mark.slow) for i, n in enumerate(RING_MODELS)],
+)
+def test_sliding_window_layers_are_rings_of_mlx_lms_bytes(ring_built, name) -> None:
+    from dctms.toolkit.caches import ring_slots
+
+    _, plan, _, model = ring_built(name)
+    assert verify_plan(plan) == []
+    _, cache = mlx_lm_generate(model, prompt_ids(20), 4)
+    kinds = [type(c).__name__ for c in cache]
+    assert set(kinds) == {"KVCache", "RotatingKVCache"}
+    slots = ring_slots(WINDOW, CHUNK)
+    assert slots == 32 < plan.bounds.kv_capacity
+    expected = 0
+    for i, c in enumerate(cache):
+        per_position = c.nbytes // c.keys.shape[2]  # mlx-lm's own bytes per cached position
+        ring = kinds[i] == "RotatingKVCache"
+        expected += per_position * (slots if ring else plan.bounds.kv_capacity)
+        keys = next(s for s in plan.state if s.name == f"kv.{i}.keys")
+        assert (keys.window is not None) == ring
+        if ring:
+            assert (keys.window.window, keys.window.slots, keys.shape[2]) == (WINDOW, slots, slots)
+            assert c.max_size == WINDOW and c.keep == 0
+    assert plan.envelope.kv == expected
+
+
+RING_CASES = [(m, p) for m in RING_MODELS for p in (5, CHUNK, 50, N)]
+
+
+@pytest.mark.parametrize(
+    ("name", "length"),
+    [
+        pytest.param(m, p, id=f"{m}-{p}", marks=() if (m, p) == RING_CASES[3] else pytest.mark.slow)
+        for m, p in RING_CASES
+    ],
+)
+def test_runner_matches_mlx_lm_past_the_window(ring_built, name, length, tmp_path) -> None:
+    """Prompts shorter and longer than the window; N + K positions wrap the 32-slot ring twice."""
+    folder, _, path, model = ring_built(name)
+    prompt = prompt_ids(length)
+    expected, _ = mlx_lm_generate(model, prompt, K)
+    assert len(set(expected)) >= 4, f"degenerate reference: {expected}"
+    proc = run_plan(path, folder, prompt, K, tmp_path / "report.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tokens"] == expected
+    assert report["within_envelope"], report["observed"]
+    print(f"{name} L={length}: provable/observed {report['envelope_over_observed']:.4f}")
+
+
+def test_the_window_changes_the_reference(ring_built) -> None:
+    """Not vacuous: the same weights with a window wider than N + M give other ids."""
+    from mlx_lm.utils import load_model
+
+    folder, *_, model = ring_built("gemma3-f32")
+    wide = {**BASE, **RING_MODELS["gemma3-f32"], "sliding_window": 512}
+    other = folder.parent / "wide"
+    other.mkdir(exist_ok=True)
+    (other / "config.json").write_text(json.dumps(wide))
+    (other / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    windowed, _ = mlx_lm_generate(model, prompt_ids(N), K)
+    full, _ = mlx_lm_generate(load_model(other)[0], prompt_ids(N), K)
+    assert windowed != full
+
+
+def test_a_ring_written_off_its_slots_is_rejected(ring_built) -> None:
+    from msgspec.structs import replace
+
+    _, plan, _, _ = ring_built("gemma3-f32")
+    state = [
+        replace(s, window=replace(s.window, slots=48)) if s.window is not None else s
+        for s in plan.state
+    ]
+    problems = verify_plan(replace(plan, state=state))
+    assert any(
+        p.rule == "state_capacity" and "not modulo its 48 slots" in p.message for p in problems
+    )

@@ -1,0 +1,347 @@
+"""The static state a plan allocates for a model's cache, and the cache objects tracing hands it.
+
+mlx-lm's models talk to their cache through a small protocol (``update_and_fetch``, ``make_mask``,
+``offset``; a quantised cache also has ``bits`` and ``group_size``, which switches the model's
+attention to ``quantized_scaled_dot_product_attention``). Tracing replaces mlx-lm's growing caches
+by fixed-size arrays written at an array position, so one graph serves every call:
+
+* a plain KV cache (``trace.StaticKVCache``): keys and values of ``capacity`` positions;
+* a quantised KV cache (``--kv-bits``, mlx-lm's ``QuantizedKVCache``): for keys and for values the
+  packed uint32 words, the scales and the biases ``mx.quantize`` makes, each of ``capacity``
+  positions; every call quantises the new keys and values and attends over the quantised cache with
+  MLX's quantised matmuls, exactly as mlx-lm does once its cache is quantised.
+
+mlx-lm quantises its cache after a model call whose end offset reaches ``quantized_kv_start``
+(``generate.maybe_quantize_kv_cache``); before that the call attends in the float dtype. With a
+start of 0 only the very first call (at position 0, which attends over its own tokens only) runs in
+float: the plan carries it as the phase ``prefill_start``, which writes the quantised cache and
+attends over its own float keys and values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from dctms.schema.errors import DctmsError
+from dctms.schema.types import KVStorage
+from dctms.toolkit.lengths import TOKENS, LengthFit, NotAffine, digest, fit, sample_lengths
+from dctms.toolkit.trace import KVLayout, PhaseTracer, StaticKVCache, TracedPhase
+
+KV_BITS = (4, 8)  # the widths the plan supports (mlx-lm's --kv-bits accepts these among others)
+KV_GROUP_SIZES = (32, 64, 128)
+# Phase of the first prompt chunk of a quantised cache (float attention over its own tokens).
+PREFILL_START = "prefill_start"
+QUANT_PARTS = ("", ".scales", ".biases")  # packed words, scales, biases (mx.quantize's order)
+
+
+# Every cache class mlx-lm 0.32's models make, and what a plan does with it: "planned", or the one
+# line that says why it is refused. README's "Caches" table is tested against this.
+CACHE_SUPPORT: dict[str, str] = {
+    "KVCache": "planned: a static cache of N + M (+ padded prompt) positions",
+    "QuantizedKVCache": "planned with --kv-bits 4 or 8, --kv-group-size 32, 64 or 128 "
+    "(--quantized-kv-start 0 only)",
+    "RotatingKVCache": "planned with keep 0 (sliding-window layers: gemma3_text, olmo3, ...): "
+    "a ring of the window + one chunk",
+    "ChunkedKVCache": "refused: chunked attention (llama4) is not planned yet",
+    "ArraysCache": "refused: recurrent state (mamba, mamba2, hybrids) is not planned yet",
+    "ConcatenateKVCache": "refused: a growing concatenated cache is not planned yet",
+    "CacheList": "refused: a per-layer list of caches (hybrid attention) is not planned yet",
+}
+
+
+def check_cache_support(model) -> list[int | None]:
+    """Each layer's sliding window (None: a full KV cache), from the model's ``make_cache``; refuse
+    caches that are not planned, naming each class and why (``CACHE_SUPPORT``)."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    if not hasattr(model, "make_cache"):
+        if not hasattr(model, "layers"):
+            raise DctmsError("not supported yet: model exposes no .layers to size its KV cache")
+        return [None] * len(model.layers)
+    caches = model.make_cache()
+    arch = getattr(model, "model_type", None) or "model"
+    kinds = sorted(
+        {type(c).__name__ for c in caches if type(c) not in (KVCache, RotatingKVCache)}
+    )
+    if kinds:
+        why = "; ".join(
+            f"{k}: {CACHE_SUPPORT.get(k, 'refused: an unknown cache class').split(': ', 1)[1]}"
+            for k in kinds
+        )
+        raise DctmsError(f"not supported yet: {arch} needs {why}")
+    kept = sorted({c.keep for c in caches if type(c) is RotatingKVCache and c.keep})
+    if kept:
+        raise DctmsError(
+            f"not supported yet: {arch} keeps {kept[0]} tokens in its RotatingKVCache "
+            "(only keep 0 is planned)"
+        )
+    return [c.max_size if type(c) is RotatingKVCache else None for c in caches]
+
+
+def ring_slots(window: int, chunk: int) -> int:
+    """Slots of a sliding-window layer's ring: a whole number of prompt chunks (so a chunk, which
+    starts at a multiple of the chunk, never wraps) holding the window - 1 positions a chunk's first
+    token still sees plus the chunk itself."""
+    return -(-(window - 1) // chunk) * chunk + chunk
+
+
+@dataclass(frozen=True)
+class KVQuantization:
+    """mlx-lm's ``kv_bits``, ``kv_group_size`` and ``quantized_kv_start``."""
+
+    bits: int
+    group_size: int = 64
+    start: int = 0
+
+
+def kv_quantization(opts) -> KVQuantization | None:
+    """The KV quantisation compile options ask for (``CompileOptions.kv_bits`` etc.), or None."""
+    if opts.kv_bits is None:
+        return None
+    return KVQuantization(opts.kv_bits, opts.kv_group_size, opts.quantized_kv_start)
+
+
+def kv_storage(dtype: str, opts) -> KVStorage:
+    """The plan's ``bounds.kv``: the activation dtype (of the values, or of scales and biases), and
+    the bits and group size of a quantised cache."""
+    if opts.kv_bits is None:
+        return KVStorage(dtype=dtype)
+    return KVStorage(dtype=dtype, bits=opts.kv_bits, group_size=opts.kv_group_size)
+
+
+def fit_start(tracer: PhaseTracer, bound: TracedPhase, chunk: int) -> LengthFit | str:
+    """The ``prefill_start`` phase's fit over its token count (it reads no cache window)."""
+    ts = sample_lengths(chunk)
+    if not ts:
+        return "the bounds are too small to vary"
+    try:
+        samples = [((chunk,), digest(bound, bound, (chunk,)))]
+        for t in ts:
+            samples.append(((t,), digest(bound, tracer.prefill(t, t, PREFILL_START), (t,))))
+        return fit([TOKENS], samples, bound)
+    except NotAffine as err:
+        return str(err)
+
+
+def check_kv_quantization(q: KVQuantization, kv: KVLayout) -> None:
+    """Refuse settings mlx-lm or this planner cannot run, in one line each."""
+    if q.bits not in KV_BITS:
+        raise DctmsError(f"--kv-bits must be one of {', '.join(map(str, KV_BITS))}, got {q.bits}")
+    if q.group_size not in KV_GROUP_SIZES:
+        raise DctmsError(
+            f"--kv-group-size must be one of {', '.join(map(str, KV_GROUP_SIZES))}, got {q.group_size}"
+        )
+    if q.start != 0:
+        raise DctmsError(
+            f"--quantized-kv-start {q.start}: only 0 is planned (a later start keeps a float cache "
+            "beside the quantised one until the switch)"
+        )
+    dims = {s[-1] for s in (*kv.keys, *kv.values)}
+    bad = sorted(d for d in dims if d % q.group_size)
+    if bad:
+        raise DctmsError(
+            f"--kv-group-size {q.group_size} does not divide the model's head dimension {bad[0]}"
+        )
+    if kv.dtype not in ("float32", "float16", "bfloat16"):
+        raise DctmsError(f"--kv-bits: cannot quantise a {kv.dtype} cache")
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A sliding-window layer's static cache: position p lives in slot p mod ``slots``; attention
+    sees the last ``window`` positions (mlx-lm's ``RotatingKVCache(max_size=window, keep=0)``)."""
+
+    window: int
+    slots: int
+
+
+def rings_for(windows: list[int | None], chunk: int, capacity: int) -> list[Ring | None]:
+    """The ring of each sliding-window layer whose ring is smaller than the full cache; a window
+    that the full cache holds anyway stays a full cache, masked to the window."""
+    out: list[Ring | None] = []
+    for w in windows:
+        slots = ring_slots(w, chunk) if w is not None else None
+        out.append(Ring(w, slots) if slots is not None and slots < capacity else None)
+    return out
+
+
+@dataclass(frozen=True)
+class StateArray:
+    name: str
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
+    ring: Ring | None = None
+
+
+class StateLayout:
+    """The state arrays of one model's static cache (names, shapes, dtypes, in binding order) and
+    the per-layer cache objects a traced call uses."""
+
+    def __init__(
+        self,
+        kv: KVLayout,
+        capacity: int,
+        quant: KVQuantization | None = None,
+        rings: list[Ring | None] | None = None,
+    ):
+        if quant is not None:
+            check_kv_quantization(quant, kv)
+        self.kv, self.capacity, self.quant = kv, capacity, quant
+        # A sliding-window layer's ring (None: the layer keeps every position).
+        self.rings = rings or [None] * len(kv.keys)
+        if quant is not None and any(self.rings):
+            raise DctmsError("--kv-bits: a quantised sliding-window cache is not planned yet")
+        dtype = getattr(mx, kv.dtype)
+        arrays: list[StateArray] = []
+        for i in range(len(kv.keys)):
+            ring = self.rings[i]
+            for part, (b, h, _, d) in (("keys", kv.keys[i]), ("values", kv.values[i])):
+                name = f"kv.{i}.{part}"
+                if quant is None:
+                    size = ring.slots if ring else capacity
+                    arrays.append(StateArray(name, (b, h, size, d), dtype, ring))
+                    continue
+                words = d * quant.bits // 32
+                groups = d // quant.group_size
+                arrays.append(StateArray(name, (b, h, capacity, words), mx.uint32))
+                arrays.append(StateArray(f"{name}.scales", (b, h, capacity, groups), dtype))
+                arrays.append(StateArray(f"{name}.biases", (b, h, capacity, groups), dtype))
+        self.arrays = arrays
+
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.arrays]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.kv.keys)
+
+    def caches(self, kw: dict, position: mx.array, window: int, phase: str) -> list:
+        """The cache object of every layer, over the state arrays in ``kw``."""
+        if self.quant is None:
+            out = []
+            for i, ring in enumerate(self.rings):
+                k, v = kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"]
+                if ring is None:
+                    out.append(StaticKVCache(k, v, position, window))
+                else:
+                    out.append(RingKVCache(k, v, position, ring))
+            return out
+        kind = FirstChunkQuantizedCache if phase == PREFILL_START else StaticQuantizedKVCache
+        return [
+            kind(
+                [kw[f"kv.{i}.keys{p}"] for p in QUANT_PARTS],
+                [kw[f"kv.{i}.values{p}"] for p in QUANT_PARTS],
+                position,
+                window,
+                self.quant,
+            )
+            for i in range(self.num_layers)
+        ]
+
+    def outputs(self, caches: list) -> list[mx.array]:
+        """The updated state arrays, in ``names`` order."""
+        out: list[mx.array] = []
+        for c in caches:
+            if self.quant is None:
+                out += [c.keys, c.values]
+            else:
+                out += [*c.keys, *c.values]
+        return out
+
+
+class _QuantizedWrites:
+    """Writes each call's keys and values into the packed words, scales and biases at ``offset``
+    (an array), quantised with ``mx.quantize`` as mlx-lm's ``QuantizedKVCache`` does."""
+
+    def __init__(
+        self, keys: list, values: list, position: mx.array, window: int, q: KVQuantization
+    ):
+        self.keys, self.values, self.offset, self.window, self._q = (
+            keys,
+            values,
+            position,
+            window,
+            q,
+        )
+
+    def _write(self, state: list, new: mx.array) -> list:
+        start = self.offset.reshape(1)
+        parts = mx.quantize(new, group_size=self._q.group_size, bits=self._q.bits)
+        return [mx.slice_update(s, p, start, axes=(2,)) for s, p in zip(state, parts, strict=True)]
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def empty(self) -> bool:
+        return False
+
+
+class StaticQuantizedKVCache(_QuantizedWrites):
+    """mlx-lm's ``QuantizedKVCache`` at fixed capacity: attention reads the first ``window``
+    positions of the packed words, scales and biases (proper slices, masked by position) through
+    mlx-lm's quantised attention (the model takes that path because the cache has ``bits``)."""
+
+    def __init__(
+        self, keys: list, values: list, position: mx.array, window: int, q: KVQuantization
+    ):
+        super().__init__(keys, values, position, window, q)
+        self.bits, self.group_size = q.bits, q.group_size
+
+    def update_and_fetch(self, k: mx.array, v: mx.array):
+        self.keys, self.values = self._write(self.keys, k), self._write(self.values, v)
+        w = self.window
+        return [x[:, :, :w, :] for x in self.keys], [x[:, :, :w, :] for x in self.values]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        return StaticKVCache.make_mask(self, n, return_array, window_size)
+
+
+class FirstChunkQuantizedCache(_QuantizedWrites):
+    """The first call of a quantised cache, at position 0 (mlx-lm's float ``KVCache`` before its
+    conversion): writes the quantised keys and values, attends over its own float ones (it has no
+    ``bits``, so the model takes the float attention path)."""
+
+    def update_and_fetch(self, k: mx.array, v: mx.array):
+        self.keys, self.values = self._write(self.keys, k), self._write(self.values, v)
+        return k, v
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        queries, keys = mx.arange(n)[:, None], mx.arange(n)[None]
+        mask = queries >= keys
+        if window_size is not None:
+            mask = mask & (queries < keys + window_size)
+        return mask
+
+
+class RingKVCache:
+    """mlx-lm's ``RotatingKVCache(max_size=W, keep=0)`` as a fixed ring (``Ring``): a call's keys
+    and values are written at ``position mod slots`` (a chunk never wraps: it starts at a multiple
+    of the chunk, and the ring is a whole number of chunks); attention reads every slot, masked to
+    the positions it holds that lie in the query's window (q - W, q] -- the set mlx-lm's buffer
+    holds and its sliding mask lets through."""
+
+    def __init__(self, keys: mx.array, values: mx.array, position: mx.array, ring: Ring):
+        self.keys, self.values, self.offset, self.ring = keys, values, position, ring
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        start = mx.remainder(self.offset, self.ring.slots).reshape(1)
+        self.keys = mx.slice_update(self.keys, k, start, axes=(2,))
+        self.values = mx.slice_update(self.values, v, start, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        queries = self.offset + mx.arange(n)
+        last = mx.max(queries)  # the last position this call writes
+        # the position each slot holds once this call has written: the latest p <= last in it
+        held = last - mx.remainder(last - mx.arange(self.ring.slots), self.ring.slots)
+        q, held = queries[:, None], held[None]
+        return (held >= 0) & (held <= q) & (held > q - self.ring.window)
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def empty(self) -> bool:
+        return False
