@@ -15,6 +15,7 @@ import dctms
 from dctms.schema.modules import node_paths, op_layers, op_modules, path_layer, tensor_modules
 from dctms.schema.types import ModuleRuns, ModuleTree
 from dctms.schema.verify import verify_plan
+from dctms.toolkit.caches import check_cache_support
 from dctms.toolkit.module_paths import (
     ROOT,
     STEP,
@@ -22,7 +23,7 @@ from dctms.toolkit.module_paths import (
     runs,
     trace_module_paths,
 )
-from dctms.toolkit.trace import PhaseTracer, build_model, check_cache_support
+from dctms.toolkit.trace import PhaseTracer, build_model
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,7 @@ def test_classes_are_restored_after_a_recording_trace():
     model = build_model(TINY_QWEN2, "float32")
     classes = {type(m) for _, m in model.named_modules()}
     before = {c: c.__dict__.get("__call__") for c in classes}
-    tracer = PhaseTracer(model, check_cache_support(model), batch=1, capacity=9)
+    tracer = PhaseTracer(model, len(check_cache_support(model)), batch=1, capacity=9)
     phase = tracer.decode(8, paths=True)
     assert phase.module_paths is not None and len(phase.module_paths) == len(phase.ops)
     assert {c: c.__dict__.get("__call__") for c in classes} == before
@@ -140,12 +141,12 @@ def test_classes_are_restored_after_a_recording_trace():
 
 def test_a_recording_that_does_not_pair_up_gives_no_paths():
     model = build_model(TINY_QWEN2, "float32")
-    tracer = PhaseTracer(model, check_cache_support(model), batch=1, capacity=9)
+    tracer = PhaseTracer(model, len(check_cache_support(model)), batch=1, capacity=9)
     phase = tracer.decode(8)
     fewer = phase.ops[:-1]
 
     def fn(tokens, position, **kw):
-        return tracer._step(tokens[:, None], position, None, 8, kw)
+        return tracer._step(tokens[:, None], position, None, 8, kw, "decode")
 
     feeds = [mx.zeros((1,), mx.uint32), mx.array(0, mx.int32)]
     keywords = {**tracer.weights, **tracer.state}
