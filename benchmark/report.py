@@ -162,6 +162,7 @@ def render_markdown(summary: dict, figures: Sequence[str] = (), figure_note: str
         ("order", "order"),
         ("baseline", "baseline"),
         ("runner", "runner"),
+        ("runner_setup", "runner set-up"),
         ("process", "process"),
         ("machine", "machine"),
         ("blas", "BLAS"),

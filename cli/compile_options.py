@@ -16,6 +16,9 @@ from dctms.schema.errors import DctmsError
 
 if TYPE_CHECKING:
     from dctms.toolkit.compiler import CompileOptions
+    from dctms.toolkit.plan_kinds import PlanKind
+
+DEFAULT_NUM_DRAFT = 3  # dctms.toolkit.plan_kinds.DEFAULT_NUM_DRAFT (a test keeps them equal)
 
 # Known target profiles, listed here so `--help` needs no compiler import (a test keeps them equal
 # to dctms.toolkit.profiles.PROFILES).
@@ -97,6 +100,20 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         "mlx-lm's own default is 5000)",
     )
     parser.add_argument(
+        "--token-step",
+        type=int,
+        metavar="T",
+        help="length grid: a prefill chunk runs padded to a multiple of T tokens, growing by about "
+        "an eighth beyond 8 steps (default 16)",
+    )
+    parser.add_argument(
+        "--window-step",
+        type=int,
+        metavar="W",
+        help="length grid: decode attends over a window of a multiple of W positions, growing by "
+        "about an eighth beyond 8 steps (default 32)",
+    )
+    parser.add_argument(
         "--hash-weights",
         action="store_true",
         help="record the sha256 of every safetensors file (reads all weights once)",
@@ -139,4 +156,53 @@ def compile_options(
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
+        token_step=args.token_step,
+        window_step=args.window_step,
     )
+
+
+def add_plan_kind_options(parser: argparse.ArgumentParser) -> None:
+    """The options that choose a vision-language or a speculative plan instead of a text one."""
+    vision = parser.add_argument_group("vision-language models (mlx-vlm folders)")
+    vision.add_argument(
+        "--images", type=int, metavar="K", help="most images per call (plans the vision tower)"
+    )
+    vision.add_argument(
+        "--image-size",
+        metavar="HxW",
+        help="largest image after the model's own preprocessing (e.g. 224x224)",
+    )
+    spec = parser.add_argument_group("speculative decoding")
+    spec.add_argument(
+        "--draft",
+        metavar="DRAFT",
+        help="also plan this draft model (folder or config.json; same vocabulary) and the "
+        "target's verify phase",
+    )
+    spec.add_argument(
+        "--num-draft",
+        type=int,
+        metavar="K",
+        help=f"tokens the draft proposes per verify call (default {DEFAULT_NUM_DRAFT}; needs --draft)",
+    )
+
+
+def plan_kind(args: argparse.Namespace) -> PlanKind:
+    """The plan kind the parsed options ask for; one line naming a missing companion option."""
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.plan_kinds import TEXT, Images, PlanKind
+
+    if args.num_draft is not None and not args.draft:
+        raise DctmsError("--num-draft needs --draft DRAFT (the draft model)")
+    images = None
+    if args.images is not None or args.image_size is not None:
+        from dctms.toolkit.vision_compile import parse_image_size
+
+        if args.images is None or args.image_size is None:
+            raise DctmsError("vision-language plans need both --images K and --image-size HxW")
+        images = Images(args.images, *parse_image_size(args.image_size))
+    if images is None and not args.draft:
+        return TEXT
+    draft = open_model(args.draft) if args.draft else None
+    k = DEFAULT_NUM_DRAFT if args.num_draft is None else args.num_draft
+    return PlanKind(images, draft, k)

@@ -94,6 +94,8 @@ def compile_plan(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    token_step: int | None = None,
+    window_step: int | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -105,7 +107,8 @@ def compile_plan(
     when M_max does not fit). The other options are ``dctms compile``'s (see its ``--help``).
     ``pack_seconds`` is the offset packer's search budget (a fixed amount of work, so the plan
     does not depend on the machine). ``real_lengths=False`` leaves out the length points the runner
-    runs short calls at (fixed, padded phases; the envelope is the same). ``progress`` receives one line per compiler pass. Weights
+    runs short calls at (fixed, padded phases; the envelope is the same); ``token_step`` and
+    ``window_step`` set their grid (``dctms compile --token-step/--window-step``). ``progress`` receives one line per compiler pass. Weights
     are never loaded.
     """
     from dctms.schema.model_folder import open_model
@@ -128,6 +131,8 @@ def compile_plan(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        token_step=token_step,
+        window_step=window_step,
     )
     return _compile(open_model(model), options, progress)
 
@@ -179,6 +184,8 @@ def fit(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    token_step: int | None = None,
+    window_step: int | None = None,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
@@ -217,6 +224,8 @@ def fit(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        token_step=token_step,
+        window_step=window_step,
     )
 
     def bounds(value: int) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dctms.figures.lengths import grid_brief
 from dctms.figures.overview import COMPONENTS, kv_storage
 from dctms.figures.roofline import plan_roofline
 from dctms.figures.units import MIB
@@ -182,7 +183,17 @@ def _bounds(plan: Plan) -> list[tuple[str, str, Any]]:
         ("alignment", "alignment", t.alignment),
         ("profile", "roofline profile", t.profile.name),
         ("run_ahead_dispatches", "run-ahead dispatches", t.run_ahead_dispatches),
+        *_grids(plan),
         ("generator", "generator", f"dctms {g.dctms}, mlx {g.mlx}, mlx-lm {g.mlx_lm}"),
+    ]
+
+
+def _grids(plan: Plan) -> list[tuple[str, str, Any]]:
+    """The length grid of prefill and decode (``figures.lengths``)."""
+    phases = {p.name: p for p in plan.phases}
+    return [
+        (f"length_grid_{name}", f"{name} length grid", grid_brief(phases.get(name)))
+        for name in ("prefill", "decode")
     ]
 
 

@@ -17,13 +17,16 @@ Per-call Python work that does not depend on the token is done once per variant:
   (``mx.export_function`` / ``mx.import_function``); from then on a call re-creates the segment's
   primitives in C++ (``compile_replace``: the recorded primitives, inputs in the same order) instead
   of one Python call per op -- most of a small model's decode step.
+
+``prepare`` does both ahead of any call, for the points a session will use: the bound's check and
+every recording, on placeholders (graphs are built, nothing is computed), so no call pays for them.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -93,6 +96,9 @@ class PhaseProgram:
     def __init__(self, phase: Phase, replay: bool = True):
         self.name = phase.name
         self.inputs = [(b.id, b.kind, b.name) for b in phase.inputs]
+        self._feeds = {  # per-call inputs: shape at the bound, dtype (for placeholders)
+            b.id: (tuple(b.shape), dtype_from_name(b.dtype)) for b in phase.inputs if b.kind == "input"
+        }
         self.outputs = [(b.id, b.kind, b.name) for b in phase.outputs]
         self.constants = {
             c.id: mx.array(c.value, dtype=dtype_from_name(c.dtype)).reshape(c.shape)
@@ -163,6 +169,61 @@ class PhaseProgram:
         return _step(
             step.index, step.primitive, args, step.inputs, step.outputs, shapes, step.dtypes
         )
+
+    def feed_shape(self, binding_id: str, bound_shape: Sequence[int], point: tuple[int, ...]):
+        """An input binding's shape at ``point`` (the plan's affine places for its axes)."""
+        return self.lengths.shapes_at([binding_id], (tuple(bound_shape),), point)[0]
+
+    def prepare(
+        self,
+        weights: dict[str, mx.array],
+        state: dict[str, mx.array],
+        points: Iterable[tuple[int, ...]] | None = None,
+    ) -> int:
+        """Check the bound's outputs against the plan and record every segment at ``points``
+        (default: every verified point) now, so that no call pays for either. Builds graphs on
+        placeholder feeds and the real weights and state without evaluating anything (nothing is
+        computed or allocated; no reference survives). Returns how many points were recorded."""
+        wanted = list(dict.fromkeys(self.lengths.points if points is None else points))
+        if not self.checked:
+            self._build(self.lengths.bound, weights, state, check=True)
+            self.checked = True
+        if not self.replay:
+            return 0
+        done = 0
+        for point in wanted:
+            variant = self.variant(tuple(point))
+            if all(r is not None for r in variant.replays):
+                continue
+            self._build(variant.point, weights, state, check=False, record=True)
+            done += 1
+        return done
+
+    def _build(self, point, weights, state, check: bool, record: bool = False) -> None:
+        """Build (never evaluate) the phase at ``point`` on placeholder feeds, segment by segment:
+        through ``apply_op``'s checks, or recording each segment and calling its replay."""
+        variant = self.variant(point)
+        env: dict[str, mx.array] = dict(self.constants)
+        for tid, kind, name in self.inputs:
+            if kind == "weight":
+                env[tid] = weights[name]
+            elif kind == "state":
+                env[tid] = state[name]
+            else:
+                shape, dtype = self._feeds[tid]
+                env[tid] = mx.zeros(self.feed_shape(tid, shape, variant.point), dtype=dtype)
+        for k, seg in enumerate(self.segments):
+            if record:
+                replay = variant.replays[k] or self._record(variant, k, env)
+                env.update(zip(seg.keeps, replay(*[env[t] for t in seg.reads]), strict=True))
+                continue
+            for step in variant.steps[k]:
+                inputs = [env[t] for t in step.inputs]
+                if check:
+                    outs = apply_op(step.primitive, step.args, inputs, step.shapes, step.dtypes)
+                else:
+                    outs = step.direct(inputs)
+                env.update(zip(step.outputs, outs, strict=True))
 
     def run(
         self,

@@ -30,7 +30,7 @@ class LengthTable:
                 if where[0] == "o":
                     key = tuple(int(x) for x in path.split(".")) if path else ()
                     self._args.setdefault(int(where[1:]), []).append((key, tuple(f.k), f.c))
-                elif where[0] == "t":
+                elif where[0] in "ti":  # an array-creating op's output, or an input binding
                     self._shapes.setdefault(where[1:], []).append((int(path), tuple(f.k), f.c))
 
     def pick(self, need: Mapping[str, int]) -> tuple[int, ...]:
@@ -63,8 +63,8 @@ class LengthTable:
         return out
 
     def shapes_at(self, outputs: Sequence[str], shapes: tuple, point: Sequence[int]) -> tuple:
-        """Output shapes at ``point`` where the plan records them (ops that create an array of a
-        given shape); ``shapes`` itself otherwise."""
+        """Shapes at ``point`` where the plan records them (outputs of ops that create an array of a
+        given shape, input bindings); ``shapes`` itself otherwise."""
         if tuple(point) == self.bound or not any(t in self._shapes for t in outputs):
             return shapes
         out = [list(s) for s in shapes]

@@ -16,14 +16,37 @@ import mlx.core as mx
 START = "prefill_start"
 
 
-def prefill_like_mlx_lm(session, prompt: list[int]) -> mx.array:
-    """The first generated token (an evaluated [batch] array) after feeding ``prompt``."""
+def prefill_like_mlx_lm(session, prompt: list[int], whole_chunks: bool = False) -> mx.array:
+    """The first generated token (an evaluated [batch] array) after feeding ``prompt``.
+
+    ``whole_chunks`` (a recurrent state, which a padded chunk would run over): only whole chunks
+    go through ``prefill``; the rest of ``prompt[:-1]`` and its last token are decode steps."""
     chunk = session.chunk
+    if whole_chunks:
+        whole = (len(prompt) - 1) // chunk * chunk
+        _feed_chunks(session, prompt[:whole], session.prefill)
+        for position in range(whole, len(prompt) - 1):
+            session._decode(mx.array([prompt[position]], dtype=mx.uint32), position)
+        token = session._decode(mx.array([prompt[-1]], dtype=mx.uint32), len(prompt) - 1)
+        mx.eval(token)
+        return token
     head = prompt[:-1] if len(prompt) > 1 else prompt
+    out = _feed_chunks(session, head, session.prefill_start)
+    if len(prompt) == 1:
+        token = out["next_token"]
+    else:
+        token = session._decode(mx.array([prompt[-1]], dtype=mx.uint32), len(prompt) - 1)
+    mx.eval(token)
+    return token
+
+
+def _feed_chunks(session, head: list[int], first) -> dict[str, mx.array]:
+    """``head`` in ``prefill_chunk`` pieces, the first one through the phase ``first``."""
+    chunk = session.chunk
     out: dict[str, mx.array] = {}
     for start in range(0, len(head), chunk):
         piece = head[start : start + chunk]
-        program = session.prefill_start if start == 0 else session.prefill
+        program = first if start == 0 else session.prefill
         point = program.lengths.pick({"tokens": len(piece), "window": start + len(piece)})
         tokens = program.lengths.value(point, "tokens", chunk)
         out = program.run(
@@ -37,9 +60,4 @@ def prefill_like_mlx_lm(session, prompt: list[int]) -> mx.array:
             wait=False,
             point=point,
         )
-    if len(prompt) == 1:
-        token = out["next_token"]
-    else:
-        token = session._decode(mx.array([prompt[-1]], dtype=mx.uint32), len(prompt) - 1)
-    mx.eval(token)
-    return token
+    return out

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from dctms.runner.execute import PhaseProgram
 from dctms.runner.load import check_fingerprint, configure_mlx, load_weights
+from dctms.runner.prerecord import decode_point, prefill_chunks, union_points
 from dctms.runner.primitives import dtype_from_name
 from dctms.runner.quantized_kv import START, prefill_like_mlx_lm
 from dctms.runner.request import Request
@@ -95,6 +96,12 @@ def throttle_limit(plan: Plan) -> int:
     return plan.envelope.provable - largest
 
 
+@dataclass(frozen=True)
+class Prerecorded:
+    points: int  # length points whose graphs were recorded
+    seconds: float
+
+
 @dataclass
 class Generation:
     tokens: list[int]
@@ -131,6 +138,7 @@ class Session:
         self.prefill = PhaseProgram(phases["prefill"])
         self.decode = PhaseProgram(phases["decode"])
         self.prefill_start = PhaseProgram(phases[START]) if START in phases else None
+        self.recurrent = any(s.recurrent for s in plan.state)
         self.chunk = plan.bounds.prefill_chunk
 
     def held_bytes(self) -> int:
@@ -169,10 +177,10 @@ class Session:
             raise ValueError("the request was validated for another plan")
         prompt, max_tokens, stop = list(request.prompt), request.max_tokens, request.stop
         start = time.perf_counter()
-        if self.prefill_start is None:
+        if self.prefill_start is None and not self.recurrent:
             token_array = self._prefill(prompt)
-        else:  # a quantised KV cache: mlx-lm's call boundaries decide what is quantised
-            token_array = prefill_like_mlx_lm(self, prompt)
+        else:  # mlx-lm's call boundaries decide what is quantised; a recurrent state takes no pad
+            token_array = prefill_like_mlx_lm(self, prompt, whole_chunks=self.recurrent)
         token = int(token_array.item())
         gen = Generation([token], time.perf_counter() - start)
         if on_token is not None and on_token(token) is False:
@@ -200,9 +208,25 @@ class Session:
             inflight = following
         return gen
 
+    def prerecord(self, requests: Sequence[Request] | None = None) -> Prerecorded:
+        """Check the bound and record the graphs of every point ``requests`` will use (None: every
+        verified point) now, before any call: set-up time, reported, instead of a point's first
+        use slowing a call. Nothing is computed (``PhaseProgram.prepare``)."""
+        start = time.perf_counter()
+        pre = dec = None
+        if requests is not None:
+            pre, dec = union_points(
+                self.prefill.lengths,
+                self.decode.lengths,
+                self.chunk,
+                [(len(r.prompt), r.max_tokens) for r in requests],
+            )
+        done = self.prefill.prepare(self.weights, self.state, pre)
+        done += self.decode.prepare(self.weights, self.state, dec)
+        return Prerecorded(done, time.perf_counter() - start)
+
     def _decode(self, token: mx.array, position: int) -> mx.array:
-        # The smallest verified attention window that holds positions 0..position.
-        point = self.decode.lengths.pick({"window": position + 1})
+        point = decode_point(self.decode.lengths, position)
         out = self.decode.run(
             {"tokens": token, "position": mx.array(position, dtype=mx.int32)},
             self.weights,
@@ -217,23 +241,20 @@ class Session:
         at the smallest verified length point that holds it (a piece padded to its token length,
         masked by position; attention over the window that holds the positions so far); returns
         the last piece's next_token array (evaluated)."""
-        lengths = self.prefill.lengths
         out: dict[str, mx.array] = {}
-        for start in range(0, len(prompt), self.chunk):
-            piece = prompt[start : start + self.chunk]
-            point = lengths.pick({"tokens": len(piece), "window": start + len(piece)})
-            tokens = lengths.value(point, "tokens", self.chunk)
-            padded = piece + [0] * (tokens - len(piece))
+        for c in prefill_chunks(self.prefill.lengths, self.chunk, len(prompt)):
+            piece = prompt[c.start : c.start + c.length]
+            padded = piece + [0] * (c.tokens - c.length)
             out = self.prefill.run(
                 {
                     "tokens": mx.array([padded], dtype=mx.int32),
-                    "position": mx.array(start, dtype=mx.int32),
-                    "last_index": mx.array(len(piece) - 1, dtype=mx.int32),
+                    "position": mx.array(c.start, dtype=mx.int32),
+                    "last_index": mx.array(c.length - 1, dtype=mx.int32),
                 },
                 self.weights,
                 self.state,
                 wait=False,
-                point=point,
+                point=c.point,
             )
         token = out["next_token"]
         mx.eval(token)

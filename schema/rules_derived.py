@@ -42,7 +42,8 @@ MIB = 2**20
 RUNTIME_FLOOR = {"cpu": 160 * MIB, "gpu": 192 * MIB}
 DYNAMIC_OFFSET_BYTES = 8  # the int64 offset of DynamicSlice / DynamicSliceUpdate
 DYNAMIC = ("DynamicSlice", "DynamicSliceUpdate")
-THREE_DISPATCHES = ("DynamicSliceUpdate", "SliceUpdate")
+# ops the compiler's memory model counts as three encoder dispatches (toolkit.memory_model)
+THREE_DISPATCHES = ("DynamicSliceUpdate", "SliceUpdate", "Convolution")
 
 
 def persistent_state(ix: PlanIndex) -> Iterator[Finding]:

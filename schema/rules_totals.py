@@ -111,7 +111,9 @@ def bindings(ix: PlanIndex) -> Iterator[Finding]:
                                 f"tensor {b.id!r} is {tensor.shape} {tensor.dtype}, binding says {b.shape} {b.dtype}"
                             ),
                         )
-                    if tensor.kind != b.kind:
+                    # a recurrent state is a fresh array every call: an arena tenant until the end
+                    fresh = b.kind == "state" and tensor.kind == "output"
+                    if tensor.kind != b.kind and not (fresh and _recurrent(state.get(b.name))):
                         yield where, f"binds tensor {b.id!r} of kind {tensor.kind!r} as {b.kind!r}"
         bound = {b.id for b in px.phase.outputs}
         for i, t in enumerate(px.phase.tensors):
@@ -120,6 +122,10 @@ def bindings(ix: PlanIndex) -> Iterator[Finding]:
                     f"{px.tensor_path(i)}.kind",
                     f"a tensor of kind {t.kind!r} must be named in the phase outputs",
                 )
+
+
+def _recurrent(state) -> bool:
+    return state is not None and state.recurrent
 
 
 def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:

@@ -150,6 +150,9 @@ class StateTensor(_Base):
     dtype: Name
     bytes: ByteCount
     window: SlidingWindow | None = None  # a ring of ``window.slots`` positions, not kv_capacity
+    # A recurrent layer's state (mlx-lm's ArraysCache): replaced by every call, so the runner
+    # feeds prompts in whole chunks and single tokens (never padded)
+    recurrent: bool = False
 
 
 class Binding(_Base):
@@ -397,6 +400,9 @@ class CompileRequest(_Base):
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)
+    # The length grid's steps as given (None: the compiler's defaults, 16 tokens / 32 positions).
+    token_step: Positive | None = None
+    window_step: Positive | None = None
     # mlx-lm's kv_bits / kv_group_size / quantized_kv_start (None bits: a float KV cache)
     kv_bits: Positive | None = None
     kv_group_size: Positive = 64

@@ -242,22 +242,21 @@ def test_readme_lists_every_mlx_lm_cache_class() -> None:
     assert all(row in readme for row in rows), [r for r in rows if r not in readme]
 
 
-def test_a_refused_cache_says_which_and_why(tmp_path: Path) -> None:
-    cfg = {
-        "model_type": "mamba",
-        "vocab_size": 64,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "state_size": 8,
-        "num_hidden_layers": 2,
-        "conv_kernel": 4,
-        "use_bias": False,
-        "use_conv_bias": True,
-        "time_step_rank": 4,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DctmsError, match="ArraysCache: recurrent state"):
-        compile_plan(open_model(tmp_path), CompileOptions(16, 8))
+def test_a_refused_cache_says_which_and_why() -> None:
+    from types import SimpleNamespace
+
+    from mlx_lm.models.cache import CacheList, ChunkedKVCache, KVCache, RotatingKVCache
+
+    from dctms.toolkit.caches import check_cache_support
+
+    for caches, needle in [
+        ([KVCache(), CacheList(KVCache())], "CacheList: a per-layer list of caches"),
+        ([ChunkedKVCache(8)], "ChunkedKVCache: chunked attention"),
+        ([RotatingKVCache(max_size=8, keep=4)], "keeps 4 tokens in its RotatingKVCache"),
+    ]:
+        model = SimpleNamespace(make_cache=lambda c=caches: c, model_type="toy")
+        with pytest.raises(DctmsError, match=f"not supported yet: toy .*{needle}"):
+            check_cache_support(model)
 
 
 # ------------------------------------------------------------------ sliding-window (rotating) caches
@@ -380,4 +379,153 @@ def test_a_ring_written_off_its_slots_is_rejected(ring_built) -> None:
     problems = verify_plan(replace(plan, state=state))
     assert any(
         p.rule == "state_capacity" and "not modulo its 48 slots" in p.message for p in problems
+    )
+
+
+# ------------------------------------------------------------------ recurrent state (ArraysCache)
+
+RECURRENT_MODELS = {
+    "mamba-f32": {
+        "model_type": "mamba",
+        "torch_dtype": "float32",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "state_size": 8,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": 8,
+        "tie_word_embeddings": True,
+    },
+    "mamba2-f32": {
+        "model_type": "mamba2",
+        "torch_dtype": "float32",
+        "num_heads": 4,
+        "head_dim": 32,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "state_size": 16,
+        "layer_norm_epsilon": 1e-5,
+        "conv_kernel": 4,
+        "n_groups": 1,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_limit": [0.0, 1000.0],
+        "time_step_rank": "auto",
+        "tie_word_embeddings": True,
+    },
+    # a hybrid: short-convolution layers (ArraysCache) between attention layers (KVCache)
+    "lfm2-f32": {
+        "model_type": "lfm2",
+        "torch_dtype": "float32",
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "block_dim": 128,
+        "block_multiple_of": 32,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": False,
+        "num_hidden_layers": 4,
+        "full_attn_idxs": [1, 3],
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+        "tie_word_embeddings": True,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def recurrent_built(tmp_path_factory):
+    from mlx_lm.utils import load_model
+
+    from dctms.schema.io import write_plan
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(f"recurrent-{name}")
+            write_tiny_model(folder, {**BASE, **RECURRENT_MODELS[name]}, seed=7)
+            plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
+            write_plan(plan, folder / "model.plan")
+            cache[name] = (folder, plan, folder / "model.plan", load_model(folder)[0])
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=() if i == 0 else pytest.mark.slow)
+        for i, n in enumerate(RECURRENT_MODELS)
+    ],
+)
+def test_recurrent_state_is_mlx_lms_to_the_byte(recurrent_built, name) -> None:
+    _, plan, _, model = recurrent_built(name)
+    assert verify_plan(plan) == []
+    _, cache = mlx_lm_generate(model, prompt_ids(20), 4)
+    expected = 0
+    for i, c in enumerate(cache):
+        if type(c).__name__ == "ArraysCache":
+            expected += c.nbytes  # fixed-size arrays: mlx-lm's own bytes, whatever the prompt
+            for j, a in enumerate(c.cache):
+                s = next(s for s in plan.state if s.name == f"kv.{i}.state{j}")
+                assert (s.shape, s.dtype, s.recurrent) == (list(a.shape), MODELS_DTYPE, True)
+        else:  # an attention layer of a hybrid: bytes per position x the plan's capacity
+            expected += c.nbytes // c.keys.shape[2] * plan.bounds.kv_capacity
+    assert plan.envelope.kv == expected
+
+
+MODELS_DTYPE = "float32"
+RECURRENT_CASES = [(m, p) for m in RECURRENT_MODELS for p in (1, 5, CHUNK + 1, 50, N)]
+
+
+@pytest.mark.parametrize(
+    ("name", "length"),
+    [
+        pytest.param(
+            m, p, id=f"{m}-{p}", marks=() if (m, p) == RECURRENT_CASES[2] else pytest.mark.slow
+        )
+        for m, p in RECURRENT_CASES
+    ],
+)
+def test_runner_matches_mlx_lm_with_recurrent_state(
+    recurrent_built, name, length, tmp_path
+) -> None:
+    """Whole chunks through prefill, the rest and the last prompt token through decode."""
+    folder, _, path, model = recurrent_built(name)
+    prompt = prompt_ids(length)
+    expected, _ = mlx_lm_generate(model, prompt, K)
+    assert len(set(expected)) >= 4, f"degenerate reference: {expected}"
+    proc = run_plan(path, folder, prompt, K, tmp_path / "report.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tokens"] == expected
+    assert report["within_envelope"], report["observed"]
+    print(f"{name} L={length}: provable/observed {report['envelope_over_observed']:.4f}")
+
+
+def test_a_new_prompt_starts_from_an_empty_state(recurrent_built) -> None:
+    """One session, two generations: the second is mlx-lm's with a fresh cache (the state reads as
+    zeros at position 0), not a continuation of the first."""
+    from dctms.runner.request import validate_request
+    from dctms.runner.session import Session
+
+    folder, plan, _, model = recurrent_built("mamba-f32")
+    session = Session(plan, open_model(folder))
+    for length in (40, 23):
+        expected, _ = mlx_lm_generate(model, prompt_ids(length), 12)
+        gen = session.generate(validate_request(plan, prompt_ids(length), 12))
+        assert gen.tokens == expected, length
+
+
+def test_a_fresh_state_not_marked_recurrent_is_rejected(recurrent_built) -> None:
+    from msgspec.structs import replace
+
+    _, plan, _, _ = recurrent_built("mamba-f32")
+    state = [replace(s, recurrent=False) for s in plan.state]
+    problems = verify_plan(replace(plan, state=state))
+    assert any(
+        p.rule == "bindings" and "of kind 'output' as 'state'" in p.message for p in problems
     )

@@ -181,24 +181,9 @@ def test_weights_from_safetensors_headers(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "needle"),
     [
-        (
-            {
-                "model_type": "mamba",
-                "vocab_size": 64,
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "state_size": 8,
-                "num_hidden_layers": 2,
-                "conv_kernel": 4,
-                "use_bias": False,
-                "use_conv_bias": True,
-                "time_step_rank": 4,
-            },
-            "not supported yet",
-        ),
         ({"model_type": "no-such-architecture"}, "not supported yet"),
     ],
-    ids=["ssm", "unknown"],  # sliding-window models are planned now (tests/test_caches.py)
+    ids=["unknown"],  # sliding-window and recurrent models are planned now (tests/test_caches.py)
 )
 def test_unsupported_families_exit_2(tmp_path: Path, config: dict, needle: str) -> None:
     cfg = {**BASE, **config}

@@ -45,16 +45,26 @@ CACHE_SUPPORT: dict[str, str] = {
     "RotatingKVCache": "planned with keep 0 (sliding-window layers: gemma3_text, olmo3, ...): "
     "a ring of the window + one chunk",
     "ChunkedKVCache": "refused: chunked attention (llama4) is not planned yet",
-    "ArraysCache": "refused: recurrent state (mamba, mamba2, hybrids) is not planned yet",
+    "ArraysCache": "planned (recurrent state: mamba, ...): its arrays at their fixed shapes, "
+    "prompts fed in whole chunks and single tokens",
     "ConcatenateKVCache": "refused: a growing concatenated cache is not planned yet",
     "CacheList": "refused: a per-layer list of caches (hybrid attention) is not planned yet",
 }
 
 
-def check_cache_support(model) -> list[int | None]:
-    """Each layer's sliding window (None: a full KV cache), from the model's ``make_cache``; refuse
-    caches that are not planned, naming each class and why (``CACHE_SUPPORT``)."""
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
+@dataclass(frozen=True)
+class Recurrent:
+    """A layer whose cache is mlx-lm's ``ArraysCache(size)``: ``size`` arrays of fixed shape
+    (a convolution window, an SSM state, ...) that each call replaces."""
+
+    size: int
+
+
+def check_cache_support(model) -> list[int | Recurrent | None]:
+    """Each layer's cache from the model's ``make_cache``: its sliding window (``RotatingKVCache``),
+    ``Recurrent`` (``ArraysCache``) or None (a full KV cache); refuse caches that are not planned,
+    naming each class and why (``CACHE_SUPPORT``)."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
     if not hasattr(model, "make_cache"):
         if not hasattr(model, "layers"):
@@ -63,7 +73,7 @@ def check_cache_support(model) -> list[int | None]:
     caches = model.make_cache()
     arch = getattr(model, "model_type", None) or "model"
     kinds = sorted(
-        {type(c).__name__ for c in caches if type(c) not in (KVCache, RotatingKVCache)}
+        {type(c).__name__ for c in caches if type(c) not in (KVCache, RotatingKVCache, ArraysCache)}
     )
     if kinds:
         why = "; ".join(
@@ -77,7 +87,15 @@ def check_cache_support(model) -> list[int | None]:
             f"not supported yet: {arch} keeps {kept[0]} tokens in its RotatingKVCache "
             "(only keep 0 is planned)"
         )
-    return [c.max_size if type(c) is RotatingKVCache else None for c in caches]
+    out: list[int | Recurrent | None] = []
+    for c in caches:
+        if type(c) is RotatingKVCache:
+            out.append(c.max_size)
+        elif type(c) is ArraysCache:
+            out.append(Recurrent(len(c.cache)))
+        else:
+            out.append(None)
+    return out
 
 
 def ring_slots(window: int, chunk: int) -> int:
@@ -157,14 +175,29 @@ class Ring:
     slots: int
 
 
-def rings_for(windows: list[int | None], chunk: int, capacity: int) -> list[Ring | None]:
-    """The ring of each sliding-window layer whose ring is smaller than the full cache; a window
-    that the full cache holds anyway stays a full cache, masked to the window."""
-    out: list[Ring | None] = []
+def rings_for(windows: list, chunk: int, capacity: int) -> list:
+    """Each layer's static cache (see ``check_cache_support``): the ring of a sliding-window layer
+    whose ring is smaller than the full cache (a window the full cache holds anyway stays a full
+    cache, masked to the window), ``Recurrent`` as it is, None for a full KV cache."""
+    out: list = []
     for w in windows:
-        slots = ring_slots(w, chunk) if w is not None else None
-        out.append(Ring(w, slots) if slots is not None and slots < capacity else None)
+        if isinstance(w, Recurrent) or w is None:
+            out.append(w)
+            continue
+        slots = ring_slots(w, chunk)
+        out.append(Ring(w, slots) if slots < capacity else None)
     return out
+
+
+def probes_for(layers: list | None, num_layers: int) -> list:
+    """The cache objects a one-token probe call gets: mlx-lm's own ``ArraysCache`` for a recurrent
+    layer (its arrays' shapes are read back), else the tracer's key/value probe."""
+    from mlx_lm.models.cache import ArraysCache
+
+    from dctms.toolkit.trace import _ProbeCache
+
+    layers = layers or [None] * num_layers
+    return [ArraysCache(x.size) if isinstance(x, Recurrent) else _ProbeCache() for x in layers]
 
 
 @dataclass(frozen=True)
@@ -173,6 +206,7 @@ class StateArray:
     shape: tuple[int, ...]
     dtype: mx.Dtype
     ring: Ring | None = None
+    recurrent: bool = False
 
 
 class StateLayout:
@@ -184,19 +218,25 @@ class StateLayout:
         kv: KVLayout,
         capacity: int,
         quant: KVQuantization | None = None,
-        rings: list[Ring | None] | None = None,
+        rings: list | None = None,
+        probes: list | None = None,
     ):
-        if quant is not None:
-            check_kv_quantization(quant, kv)
         self.kv, self.capacity, self.quant = kv, capacity, quant
-        # A sliding-window layer's ring (None: the layer keeps every position).
+        # Each layer's Ring (a sliding window), Recurrent, or None (every position kept).
         self.rings = rings or [None] * len(kv.keys)
         if quant is not None and any(self.rings):
-            raise DctmsError("--kv-bits: a quantised sliding-window cache is not planned yet")
+            raise DctmsError(
+                "--kv-bits: a quantised sliding-window or recurrent cache is not planned yet"
+            )
+        if quant is not None:
+            check_kv_quantization(quant, kv)
         dtype = getattr(mx, kv.dtype)
         arrays: list[StateArray] = []
         for i in range(len(kv.keys)):
             ring = self.rings[i]
+            if isinstance(ring, Recurrent):
+                arrays += _recurrent_arrays(i, probes[i])
+                continue
             for part, (b, h, _, d) in (("keys", kv.keys[i]), ("values", kv.values[i])):
                 name = f"kv.{i}.{part}"
                 if quant is None:
@@ -211,6 +251,10 @@ class StateLayout:
         self.arrays = arrays
 
     @property
+    def recurrent(self) -> bool:
+        return any(isinstance(r, Recurrent) for r in self.rings)
+
+    @property
     def names(self) -> list[str]:
         return [a.name for a in self.arrays]
 
@@ -223,6 +267,10 @@ class StateLayout:
         if self.quant is None:
             out = []
             for i, ring in enumerate(self.rings):
+                if isinstance(ring, Recurrent):
+                    names = [f"kv.{i}.state{j}" for j in range(ring.size)]
+                    out.append(StaticArraysCache([kw[n] for n in names], position))
+                    continue
                 k, v = kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"]
                 if ring is None:
                     out.append(StaticKVCache(k, v, position, window))
@@ -245,7 +293,9 @@ class StateLayout:
         """The updated state arrays, in ``names`` order."""
         out: list[mx.array] = []
         for c in caches:
-            if self.quant is None:
+            if isinstance(c, StaticArraysCache):
+                out += c.updated()
+            elif self.quant is None:
                 out += [c.keys, c.values]
             else:
                 out += [*c.keys, *c.values]
@@ -345,3 +395,39 @@ class RingKVCache:
 
     def empty(self) -> bool:
         return False
+
+
+def _recurrent_arrays(layer: int, probe) -> list[StateArray]:
+    """A recurrent layer's state arrays, shaped as mlx-lm's ``ArraysCache`` holds them after a call
+    (read from the probe call)."""
+    arrays = []
+    for j, a in enumerate(probe.cache):
+        if a is None:
+            raise DctmsError(
+                f"not supported yet: layer {layer}'s ArraysCache entry {j} is never set"
+            )
+        arrays.append(StateArray(f"kv.{layer}.state{j}", tuple(a.shape), a.dtype, recurrent=True))
+    return arrays
+
+
+def _arrays_cache_class():
+    from mlx_lm.models.cache import ArraysCache
+
+    return ArraysCache
+
+
+class StaticArraysCache(_arrays_cache_class()):
+    """mlx-lm's ``ArraysCache`` over the plan's state arrays. Recurrent models test
+    ``isinstance(cache, ArraysCache)`` and assign ``cache[j]``, so this is one. At position 0 the
+    state reads as zeros -- what mlx-lm's first call computes with (an empty cache: zero padding,
+    no state) -- so a new prompt needs no reset; each new array is copied out (a ``Gather``), so the
+    state kept between calls never holds a larger buffer it is a view of."""
+
+    def __init__(self, arrays: list[mx.array], position: mx.array):
+        super().__init__(len(arrays))
+        first = position > 0
+        self.cache = [mx.where(first, a, mx.zeros((), a.dtype)) for a in arrays]
+        self.offset = position
+
+    def updated(self) -> list[mx.array]:
+        return [mx.take(a, mx.arange(a.shape[0]), axis=0) for a in self.cache]

@@ -50,8 +50,10 @@ from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign, caches, limits
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lengths import (
+    TOKEN_STEP,
     TOKENS,
     WINDOW,
+    WINDOW_STEP,
     LengthFit,
     NotAffine,
     digest,
@@ -110,6 +112,9 @@ class CompileOptions:
     # Trace smaller lengths too and record the verified points the runner may run at (see
     # toolkit.lengths); off: fixed phases (the envelope is the same either way: `fit` probes so).
     real_lengths: bool = True
+    # The length grid's steps (None: toolkit.lengths' TOKEN_STEP / WINDOW_STEP).
+    token_step: int | None = None
+    window_step: int | None = None
     # A quantised KV cache with mlx-lm's settings (generate_step's kv_bits, kv_group_size,
     # quantized_kv_start); None: the cache in the activation dtype (see toolkit.caches).
     kv_bits: int | None = None
@@ -128,6 +133,9 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError(f"prefill chunk must be at least 1, got {opts.prefill_chunk}")
     if not 0 <= opts.pack_seconds <= 3600:
         raise DctmsError(f"--pack-seconds must be between 0 and 3600, got {opts.pack_seconds}")
+    for flag, step in (("--token-step", opts.token_step), ("--window-step", opts.window_step)):
+        if step is not None and step < 1:
+            raise DctmsError(f"{flag} must be at least 1, got {step}")
     if opts.sync_every < 0:
         raise DctmsError(f"--sync-every must be 0 (phase end only) or more, got {opts.sync_every}")
     if opts.alignment < 1 or opts.alignment & (opts.alignment - 1):
@@ -225,7 +233,7 @@ def plan_model(
                 settings.allocator_slack,
                 budget / len(traced.phases),
                 fits.get(tp.name),
-                _candidates(tp.name, fits.get(tp.name), opts.input_tokens),
+                _candidates(fits.get(tp.name), opts),
                 say,
             )
         )
@@ -353,13 +361,23 @@ def _fit_decode(tracer: PhaseTracer, bound: TracedPhase, window: int):
         return str(err)
 
 
-def _candidates(name: str, lf: LengthFit | None, input_tokens: int) -> list[tuple[int, ...]]:
-    """The length combinations the runner may ask for, in the fit's ``names`` order."""
+def _candidates(lf: LengthFit | None, opts: CompileOptions) -> list[tuple[int, ...]]:
+    """The length combinations the runner may ask for, in the fit's ``names`` order, on the
+    grid ``opts`` chooses."""
     if lf is None:
         return []
+    token_step, window_step = grid_steps(opts)
     if len(lf.names) == 2:
-        return prefill_candidates(lf.bound[0], lf.bound[1], input_tokens)
-    return single_candidates(lf.names[0], lf.bound[0])
+        return prefill_candidates(lf.bound[0], lf.bound[1], opts.input_tokens, token_step)
+    return single_candidates(lf.names[0], lf.bound[0], token_step, window_step)
+
+
+def grid_steps(opts: CompileOptions) -> tuple[int, int]:
+    """The (token, window) steps of the length grid: as given, else the defaults."""
+    return (
+        TOKEN_STEP if opts.token_step is None else opts.token_step,
+        WINDOW_STEP if opts.window_step is None else opts.window_step,
+    )
 
 
 def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
@@ -372,6 +390,7 @@ def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
             b.dtype,
             nbytes(b.shape, b.dtype),
             window=SlidingWindow(*traced.rings[b.name]) if b.name in traced.rings else None,
+            recurrent=b.name in traced.recurrent,
         )
         for b in traced.phase("decode").inputs
         if b.kind == "state"
@@ -667,6 +686,7 @@ def emit_phase(
             )
         )
     outputs = {b.id for b in tp.outputs if b.kind == "output"}
+    fresh_state = {b.id for b in tp.outputs if b.kind == "state"}
     tensors = []
     # Scratch after the op's outputs: by (producer position, scratch last).
     for t, life in sorted(
@@ -685,6 +705,8 @@ def emit_phase(
             view_of=life.root if life.kind in ("view", "state") else None,
         )
         kind = _plan_kind(life, outputs)
+        if kind == "intermediate" and t in fresh_state:
+            kind = "output"  # a recurrent state made anew by this call (toolkit.caches)
         if kind == "scratch":
             tensors.append(Scratch(**fields, op=life.scratch_of))
         else:

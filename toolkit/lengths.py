@@ -35,8 +35,12 @@ from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedBinding, TracedPhase, TracedTensor
 
 TOKENS, WINDOW = "tokens", "window"
-TOKEN_STEP = 16  # finest prompt-chunk granularity the runner may pad to (see length_grid)
-WINDOW_STEP = 32  # finest decode-window granularity
+# The default grid steps (``dctms compile --token-step/--window-step``): a prefill chunk is padded
+# to a multiple of 16 tokens (prefill is compute-bound: padding costs its share of TTFT), a decode
+# window to a multiple of 32 positions (attention over a few spare positions costs far less than
+# a decode step's weight reads); both grow by about an eighth beyond 8 steps (``length_grid``).
+TOKEN_STEP = 16
+WINDOW_STEP = 32
 
 
 class NotAffine(Exception):
@@ -214,13 +218,13 @@ def verified_points(
 
 
 def prefill_candidates(
-    token_bound: int, window_bound: int, input_tokens: int
+    token_bound: int, window_bound: int, input_tokens: int, token_step: int = TOKEN_STEP
 ) -> list[tuple[int, int]]:
     """(tokens, window) pairs the runner's chunking needs: a chunk of t tokens (t on the grid) at
     position k * chunk attends over k * chunk + t positions; (t, window bound) as a fallback."""
     chunks = math.ceil(input_tokens / token_bound)
     points = set()
-    for t in length_grid(token_bound, TOKEN_STEP):
+    for t in length_grid(token_bound, token_step):
         for k in range(chunks):
             w = k * token_bound + t
             if w <= window_bound:
@@ -229,9 +233,11 @@ def prefill_candidates(
     return sorted(points)
 
 
-def single_candidates(name: str, bound: int) -> list[tuple[int]]:
+def single_candidates(
+    name: str, bound: int, token_step: int = TOKEN_STEP, window_step: int = WINDOW_STEP
+) -> list[tuple[int]]:
     """The grid of a phase with one length (decode: the window)."""
-    return [(v,) for v in length_grid(bound, TOKEN_STEP if name == TOKENS else WINDOW_STEP)]
+    return [(v,) for v in length_grid(bound, token_step if name == TOKENS else window_step)]
 
 
 # --------------------------------------------------------------------------------------- helpers

@@ -171,6 +171,8 @@ def check_options(opts: Any) -> None:
         ("prefill chunk", opts.prefill_chunk, MAX_TOKENS),
         ("alignment", opts.alignment, MAX_ALIGNMENT),
         ("--sync-every", opts.sync_every, MAX_LAYERS),
+        ("--token-step", getattr(opts, "token_step", None), MAX_TOKENS),
+        ("--window-step", getattr(opts, "window_step", None), MAX_TOKENS),
     ):
         if value is None:
             continue

@@ -94,6 +94,7 @@ class Traced:
     vocab_size: int
     # state name -> (window, slots) of a sliding-window layer's ring (see toolkit.caches)
     rings: dict[str, tuple[int, int]] = field(default_factory=dict)
+    recurrent: tuple[str, ...] = ()  # state names of recurrent layers (ArraysCache)
 
     def phase(self, name: str) -> TracedPhase:
         """The traced phase called ``name`` ("prefill" or "decode")."""
@@ -252,8 +253,11 @@ def _zero_cost(shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
     return mx.broadcast_to(mx.zeros((), dtype), shape)
 
 
-def probe_kv(model: nn.Module, num_layers: int, batch: int) -> KVLayout:
-    probes = [_ProbeCache() for _ in range(num_layers)]
+def probe_kv(model: nn.Module, num_layers: int, batch: int, probes: list | None = None) -> KVLayout:
+    """The key/value shapes each layer writes; ``probes``: a cache object per layer, where a layer
+    that is not a KV layer gets its own kind (a recurrent one: see ``toolkit.caches``), whose
+    KVLayout entries are None."""
+    probes = probes or [_ProbeCache() for _ in range(num_layers)]
     tokens = mx.zeros((batch, 1), mx.int32)
     try:
         model(tokens, cache=probes)
@@ -261,12 +265,15 @@ def probe_kv(model: nn.Module, num_layers: int, batch: int) -> KVLayout:
         raise DctmsError(
             f"not supported yet: model call failed while probing its cache: {err}"
         ) from None
-    if any(p.shapes is None for p in probes):
+    kv = [p for p in probes if isinstance(p, _ProbeCache)]
+    if any(p.shapes is None for p in kv):
         raise DctmsError("not supported yet: some layers never write a KV cache (shared-KV model)")
+    floating = [v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
+    dtypes = [p.shapes[2] for p in kv] or floating[:1] or [mx.float32]
     return KVLayout(
-        keys=tuple(p.shapes[0] for p in probes),
-        values=tuple(p.shapes[1] for p in probes),
-        dtype=dtype_name(probes[0].shapes[2]),
+        keys=tuple(p.shapes[0] if isinstance(p, _ProbeCache) else None for p in probes),
+        values=tuple(p.shapes[1] if isinstance(p, _ProbeCache) else None for p in probes),
+        dtype=dtype_name(dtypes[0]),
     )
 
 
@@ -299,17 +306,18 @@ class PhaseTracer:
         kv_quant=None,
         rings=None,
     ):
-        from dctms.toolkit.caches import StateLayout  # it builds on this module's cache classes
+        from dctms.toolkit.caches import StateLayout, probes_for  # built on this module's caches
 
         self.model, self.num_layers, self.batch = model, num_layers, batch
         self.params = dict(tree_flatten(model.parameters()))
         self.weights = {
             k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(self.params.items())
         }
-        self.kv = probe_kv(model, num_layers, batch)
-        # ``kv_quant``: a caches.KVQuantization (mlx-lm's kv_bits etc.), None for a plain cache.
-        # ``rings``: each layer's caches.Ring (a sliding window), None for a full cache.
-        self.layout = StateLayout(self.kv, capacity, kv_quant, rings)
+        # ``rings``: each layer's caches.Ring (a sliding window) or caches.Recurrent, None for a
+        # full KV cache; ``kv_quant``: a caches.KVQuantization (mlx-lm's kv_bits etc.) or None.
+        probes = probes_for(rings, num_layers)
+        self.kv = probe_kv(model, num_layers, batch, probes)
+        self.layout = StateLayout(self.kv, capacity, kv_quant, rings, probes)
         self.state = {a.name: _zero_cost(a.shape, a.dtype) for a in self.layout.arrays}
 
     def _step(self, tokens, position, last_index, window: int, kw: dict, phase: str) -> tuple:
@@ -371,7 +379,8 @@ class PhaseTracer:
         decode = next(p for p in phases if p.name == "decode")
         vocab = _vocab_size(self.model, decode)
         rings = {a.name: (a.ring.window, a.ring.slots) for a in self.layout.arrays if a.ring}
-        return Traced(phases, weight_bindings, self.kv, self.num_layers, vocab, rings)
+        recurrent = tuple(a.name for a in self.layout.arrays if a.recurrent)
+        return Traced(phases, weight_bindings, self.kv, self.num_layers, vocab, rings, recurrent)
 
 
 def trace_model(

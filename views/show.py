@@ -5,6 +5,7 @@ The rows are ``dctms.figures.overview``'s (the inspector's Overview draws the sa
 
 from __future__ import annotations
 
+from dctms.figures.lengths import grid_steps_text, grid_text
 from dctms.figures.overview import arena_rows, bounds_rows, envelope_rows, header, slack_by_phase
 from dctms.figures.overview import table1 as table1_figures
 from dctms.figures.units import MIB
@@ -77,4 +78,6 @@ def _lengths(plan: Plan) -> str:
             f"  {p.name:<10} {varies}; {len(p.lengths.points)} verified points, "
             f"{places} arguments follow the lengths"
         )
+        lines.append(f"  {'':<10} grid: {grid_text(p)}")
+    lines.append(f"  grid steps: {grid_steps_text(plan)}")
     return "\n".join(lines)

@@ -156,13 +156,20 @@ def run(args: argparse.Namespace) -> int:
     say(f"loading the runner (plan {args.plan}, weights {model.path}) ...")
     from dctms.runner.session import Session
 
-    runner = Runner(Session(plan, model), requests)
+    session = Session(plan, model)
+    say("recording the runner's graphs for every length point the prompts use ...")
+    recorded = session.prerecord(requests)
+    runner = Runner(session, requests)
     say("loading the baseline (mlx_lm.utils.load_model) ...")
     baseline = Baseline(model.path, defaults)
 
     settings = Settings(reps=args.reps, max_tokens=max_tokens, warmup=args.warmup, stop=stop)
     described = describe_settings(args, plan, model, prompts_path, tokenization, stop, max_tokens)
     described["parity"] = parity
+    described["runner_setup"] = (
+        f"the graphs of the {recorded.points} length points these calls use recorded before "
+        f"the first call in {recorded.seconds:.2f} s (set-up, in no call's latency)"
+    )
     out_dir = Path(args.out)
     total = len(schedule(len(ids), args.reps))
     bar = ProgressBar(total, enabled=not args.quiet)

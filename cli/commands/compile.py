@@ -6,11 +6,9 @@ import argparse
 import sys
 import time
 
-from dctms.cli.compile_options import add_compile_options, compile_options
+from dctms.cli.compile_options import add_compile_options, add_plan_kind_options, compile_options
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
-
-DEFAULT_NUM_DRAFT = 3  # as mlx_lm.generate --num-draft-tokens
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,27 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-M", "--output-tokens", type=int, required=True, help="most generated tokens")
     p.add_argument("-o", "--output", metavar="PLAN", help="plan file to write (default: stdout)")
     add_compile_options(p, memory_required=False)
-    vision = p.add_argument_group("vision-language models (mlx-vlm folders)")
-    vision.add_argument(
-        "--images", type=int, metavar="K", help="most images per call (plans the vision tower)"
-    )
-    vision.add_argument(
-        "--image-size",
-        metavar="HxW",
-        help="largest image after the model's own preprocessing (e.g. 224x224)",
-    )
-    p.add_argument(
-        "--draft",
-        metavar="DRAFT",
-        help="speculative decoding: also plan this draft model (folder or config.json; same "
-        "vocabulary) and the target's verify phase",
-    )
-    p.add_argument(
-        "--num-draft",
-        type=int,
-        metavar="K",
-        help=f"tokens the draft proposes per verify call (default {DEFAULT_NUM_DRAFT}; needs --draft)",
-    )
+    add_plan_kind_options(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
@@ -74,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, target) -> int:
     # The compiler (mlx.nn, numpy, mlx-lm) is imported here, not at parse time, so other
     # subcommands -- `dctms run` above all -- never load it.
-    import dataclasses
-
-    import dctms
+    from dctms.cli.compile_options import plan_kind
     from dctms.schema.io import encode_plan
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.plan_kinds import compile_kind
 
     start = time.perf_counter()
 
@@ -88,23 +66,7 @@ def _run(args: argparse.Namespace, target) -> int:
             print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
 
     opts = compile_options(args, args.input_tokens, args.output_tokens)
-    # Built on the Python API: every compile option is one of dctms.compile_plan's keywords.
-    keywords = dataclasses.asdict(opts)
-    keywords["memory"] = keywords.pop("device_memory")
-    if args.num_draft is not None and not args.draft:
-        raise DctmsError("--num-draft needs --draft DRAFT (the draft model)")
-    if args.images is not None or args.image_size is not None:
-        plan = _compile_vision(args, opts, progress)
-    elif args.draft:
-        from dctms.schema.model_folder import open_model
-        from dctms.toolkit.speculative import compile_speculative
-
-        k = DEFAULT_NUM_DRAFT if args.num_draft is None else args.num_draft
-        plan = compile_speculative(
-            open_model(args.model), open_model(args.draft), opts, k, progress
-        )
-    else:
-        plan = dctms.compile_plan(args.model, progress=progress, **keywords)
+    plan = compile_kind(open_model(args.model), opts, plan_kind(args), progress)
     if target is not None:
         target.write(encode_plan(plan))
         progress(f"wrote {args.output}")
@@ -124,14 +86,3 @@ def _run(args: argparse.Namespace, target) -> int:
         return 1
     return 0
 
-
-def _compile_vision(args: argparse.Namespace, opts, progress):
-    from dctms.schema.model_folder import open_model
-    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan, parse_image_size
-
-    if args.images is None or args.image_size is None:
-        raise DctmsError("vision-language plans need both --images K and --image-size HxW")
-    height, width = parse_image_size(args.image_size)
-    return compile_vlm_plan(
-        open_model(args.model), opts, VisionOptions(args.images, height, width), progress
-    )

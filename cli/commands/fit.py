@@ -14,7 +14,13 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from dctms.cli.compile_options import add_compile_options, compile_options, memory_budget
+from dctms.cli.compile_options import (
+    add_compile_options,
+    add_plan_kind_options,
+    compile_options,
+    memory_budget,
+    plan_kind,
+)
 from dctms.schema.errors import DctmsError
 
 if TYPE_CHECKING:
@@ -45,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("-M", "--output-tokens", type=int, help="fixed M: search the largest N")
     which.add_argument("-N", "--input-tokens", type=int, help="fixed N: search the largest M")
     add_compile_options(p, memory_required=True)
+    add_plan_kind_options(p)
     p.add_argument(
         "--search",
         choices=["chunk"],
@@ -106,27 +113,28 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, None)
     # Checked (and the file reserved) before the search: never onto the model, a device or a folder.
     label = f"-o {args.output or repr(args.output)}"
-    with reserve_output(args.output, inputs=model_inputs(args.model), label=label) as target:
+    inputs = model_inputs(args.model) + (model_inputs(args.draft) if args.draft else [])
+    with reserve_output(args.output, inputs=inputs, label=label) as target:
         return _run(args, target)
 
 
-def _write(target, plan, args, source) -> None:
+def _write(target, plan, args, source, kind) -> None:
     """The plan at the fit, as ``dctms compile`` would write it (with its real-length points)."""
     if target is not None:
         from dctms.schema.io import encode_plan
-        from dctms.toolkit.compiler import compile_plan
+        from dctms.toolkit.plan_kinds import compile_kind
 
         b = plan.bounds
         opts = compile_options(
             args, b.input_tokens, b.output_tokens, prefill_chunk=b.prefill_chunk
         )
-        target.write(encode_plan(compile_plan(source, opts)))
+        target.write(encode_plan(compile_kind(source, opts, kind)))
 
 
 def _run(args: argparse.Namespace, target) -> int:
     from dctms.figures.units import human
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.compiler import compile_plan
+    from dctms.toolkit.plan_kinds import compile_kind
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
     budget = memory_budget(args)
@@ -141,6 +149,7 @@ def _run(args: argparse.Namespace, target) -> int:
         raise DctmsError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
     chunks = _chunks(args)
     source = open_model(args.model)
+    kind = plan_kind(args)
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
     cap_reason = (
@@ -169,7 +178,7 @@ def _run(args: argparse.Namespace, target) -> int:
             # Probes skip the real-length points (they do not change the envelope); the plan
             # written with -o is compiled with them (_write).
             opts = replace(compile_options(args, n, m, prefill_chunk=chunk), real_lengths=False)
-            plan = compile_plan(source, opts)
+            plan = compile_kind(source, opts, kind)
             total = plan.envelope.total
             if total <= budget and value > max(fitting, default=0):
                 fitting.clear()
@@ -188,7 +197,8 @@ def _run(args: argparse.Namespace, target) -> int:
 
     if args.search == "chunk":
         return _run_chunk_search(
-            args, search, chunks, letter, other, fixed, budget, start, cap_reason, target, source
+            args, search, chunks, letter, other, fixed, budget, start, cap_reason, target,
+            (source, kind),
         )
 
     result, plan = search(chunks[0], None, "")
@@ -196,7 +206,7 @@ def _run(args: argparse.Namespace, target) -> int:
     if result.best is None or plan is None:
         return _nothing_fits(args, result, letter, other, fixed, budget)
     summary = fit_summary(result, plan, "input_tokens" if search_n else "output_tokens", elapsed)
-    _write(target, plan, args, source)
+    _write(target, plan, args, source, kind)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
@@ -222,8 +232,9 @@ def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int
 
 
 def _run_chunk_search(
-    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, target, source
+    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, target, model
 ) -> int:
+    source, kind = model
     from dctms.figures.units import human
     from dctms.views.fit import fit_summary, fit_text
     from dctms.views.fit_chunks import best_row, chunk_doc, chunk_row, chunk_table_text
@@ -267,7 +278,7 @@ def _run_chunk_search(
         result, plan, "input_tokens" if letter == "N" else "output_tokens", elapsed
     )
     summary["compiles"] = sum(len(r.probes) for _, r, _ in found)
-    _write(target, plan, args, source)
+    _write(target, plan, args, source, kind)
     profile = plan.target.profile.name
     if args.json:
         doc = {

@@ -110,6 +110,7 @@ def _run(args: argparse.Namespace, target) -> int:
     request = validate_request(plan, prompt, max_tokens, stop)
     draft = open_model_folder(args.draft_model) if args.draft_model else None
     with RssSampler() as rss:
+        recorded = None
         if draft is not None:
             from dctms.runner.speculative import SpeculativeSession
 
@@ -117,9 +118,12 @@ def _run(args: argparse.Namespace, target) -> int:
             gen = spec.generate(request)
         else:
             session = Session(plan, model, verify_hashes=args.verify_weights)
+            recorded = session.prerecord([request])  # set-up: reported, not in TTFT
             gen = session.generate(request)
     text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
     report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, prompt)
+    if recorded is not None:
+        report["setup"] = {"recorded_points": recorded.points, "record_s": recorded.seconds}
     if draft is not None:
         report["speculative"] = speculative_summary(gen)
     if target is not None:
@@ -171,8 +175,18 @@ def summary(report: dict) -> str:
             f"within envelope: {'yes' if report['within_envelope'] else 'NO'} "
             f"(M_max provable / observed = {_ratio(report['envelope_over_observed'])})",
             f"BLAS: {BlasInfo(**report['blas']).describe()}",
+            *_setup_line(report.get("setup")),
         ]
     )
+
+
+def _setup_line(setup: dict | None) -> list[str]:
+    if not setup:
+        return []
+    return [
+        f"set-up: graphs of {setup['recorded_points']} length points recorded in "
+        f"{setup['record_s']:.2f} s before the first token (not in TTFT)"
+    ]
 
 
 def _ratio(value: float | None) -> str:

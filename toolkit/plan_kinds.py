@@ -1,0 +1,91 @@
+"""Which kind of plan a compile makes -- text, vision-language or speculative -- and the one call
+that makes it. ``dctms compile``, ``dctms fit`` and ``dctms check`` all go through
+``compile_kind``, so a plan kind one of them knows the others know too (a speculative plan checked
+by re-compiling only its target would always read as stale).
+
+The vision and speculative compilers are imported only when such a plan is made: text-only use never
+loads mlx-vlm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dctms.schema.errors import DctmsError
+from dctms.schema.fingerprint import canonical_config_sha256
+from dctms.schema.model_folder import ModelFolder
+from dctms.schema.types import CompileRequest, Plan
+from dctms.toolkit.compiler import CompileOptions, compile_plan
+
+DEFAULT_NUM_DRAFT = 3  # as mlx_lm.generate --num-draft-tokens
+
+
+@dataclass(frozen=True)
+class Images:
+    """``--images K --image-size HxW``: the image bounds of a vision-language plan."""
+
+    images: int
+    height: int
+    width: int
+
+
+@dataclass(frozen=True)
+class PlanKind:
+    images: Images | None = None  # a vision-language plan
+    draft: ModelFolder | None = None  # speculative decoding: the draft model
+    num_draft: int = DEFAULT_NUM_DRAFT
+
+    @property
+    def name(self) -> str:
+        return "vision" if self.images else "speculative" if self.draft else "text"
+
+
+TEXT = PlanKind()
+
+
+def compile_kind(
+    source: ModelFolder,
+    opts: CompileOptions,
+    kind: PlanKind = TEXT,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """The plan of ``kind`` for ``source`` under ``opts``."""
+    if kind.images is not None and kind.draft is not None:
+        raise DctmsError("--draft with --images: speculative vision-language plans are not supported")
+    if kind.images is not None:
+        from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
+
+        i = kind.images
+        return compile_vlm_plan(source, opts, VisionOptions(i.images, i.height, i.width), progress)
+    if kind.draft is not None:
+        from dctms.toolkit.speculative import compile_speculative
+
+        return compile_speculative(source, kind.draft, opts, kind.num_draft, progress)
+    return compile_plan(source, opts, progress)
+
+
+def kind_of(request: CompileRequest) -> PlanKind:
+    """The plan kind a recorded compile request asks for (the draft from its recorded config)."""
+    images = None
+    if request.vision is not None:
+        v = request.vision
+        images = Images(v.images, v.height, v.width)
+    draft = None
+    if request.draft_config is not None:
+        config = request.draft_config
+        draft = ModelFolder(None, config, canonical_config_sha256(config), ())
+    return PlanKind(images, draft, request.num_draft or DEFAULT_NUM_DRAFT)
+
+
+def kind_flags(request: CompileRequest, draft: str = "DRAFT") -> list[str]:
+    """The ``dctms compile`` flags that ask for the request's plan kind."""
+    words: list[str] = []
+    if request.vision is not None:
+        v = request.vision
+        words += ["--images", str(v.images), "--image-size", f"{v.height}x{v.width}"]
+    if request.draft_config is not None:
+        words += ["--draft", draft]
+        if request.num_draft != DEFAULT_NUM_DRAFT:
+            words += ["--num-draft", str(request.num_draft)]
+    return words
