@@ -99,6 +99,13 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         help="quantise the cache after the call that reaches T tokens (only 0 is planned; "
         "mlx-lm's own default is 5000)",
     )
+    kv.add_argument(
+        "--max-kv-size",
+        type=int,
+        metavar="W",
+        help="a rotating cache of W positions keeping the first 4 (mlx-lm's max_kv_size; models "
+        "without their own make_cache, as in mlx-lm)",
+    )
     parser.add_argument(
         "--token-step",
         type=int,
@@ -118,6 +125,34 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         action="store_true",
         help="record the sha256 of every safetensors file (reads all weights once)",
     )
+    dist = parser.add_argument_group("distributed (mlx.distributed ranks; see README Distributed)")
+    dist.add_argument(
+        "--ranks", type=int, default=1, metavar="R", help="split the model over R ranks (default 1)"
+    )
+    dist.add_argument(
+        "--parallel",
+        choices=["pipeline", "tensor"],
+        help="how mlx-lm splits it: pipeline(group) (layers) or shard(group) (tensor parallel)",
+    )
+    dist.add_argument(
+        "--split",
+        metavar="count|memory|N,N,..",
+        help="pipeline: layers per rank by count (mlx-lm's default), the split that minimises the "
+        "largest per-rank M_max (memory; compile only), or given per rank (rank 0 runs the last)",
+    )
+
+
+def rank_split(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """``--split`` as layers per rank; None for count (mlx-lm's default) and memory (searched)."""
+    text = getattr(args, "split", None)
+    if text is None or text in ("count", "memory"):
+        return None
+    try:
+        return tuple(int(n) for n in text.split(","))
+    except ValueError:
+        raise DctmsError(
+            f"--split: expected count, memory or comma-separated layer counts, got {text!r}"
+        ) from None
 
 
 def memory_budget(args: argparse.Namespace) -> int | None:
@@ -156,8 +191,12 @@ def compile_options(
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
+        max_kv_size=args.max_kv_size,
         token_step=args.token_step,
         window_step=args.window_step,
+        ranks=args.ranks,
+        parallel=args.parallel,
+        split=rank_split(args),
     )
 
 
@@ -171,6 +210,12 @@ def add_plan_kind_options(parser: argparse.ArgumentParser) -> None:
         "--image-size",
         metavar="HxW",
         help="largest image after the model's own preprocessing (e.g. 224x224)",
+    )
+    vision.add_argument(
+        "--overlap",
+        action="store_true",
+        help="encode images on a second MLX stream while the text before them is prefilled "
+        "(M_intermediate covers one call of each stream at once)",
     )
     spec = parser.add_argument_group("speculative decoding")
     spec.add_argument(
@@ -195,12 +240,14 @@ def plan_kind(args: argparse.Namespace) -> PlanKind:
     if args.num_draft is not None and not args.draft:
         raise DctmsError("--num-draft needs --draft DRAFT (the draft model)")
     images = None
+    if args.overlap and args.images is None:
+        raise DctmsError("--overlap is for vision-language plans (with --images and --image-size)")
     if args.images is not None or args.image_size is not None:
         from dctms.toolkit.vision_compile import parse_image_size
 
         if args.images is None or args.image_size is None:
             raise DctmsError("vision-language plans need both --images K and --image-size HxW")
-        images = Images(args.images, *parse_image_size(args.image_size))
+        images = Images(args.images, *parse_image_size(args.image_size), overlap=args.overlap)
     if images is None and not args.draft:
         return TEXT
     draft = open_model(args.draft) if args.draft else None

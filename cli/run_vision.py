@@ -34,7 +34,7 @@ def run_vision(args: argparse.Namespace, plan, model, target) -> int:
     request = validate_request(plan, inputs.prompt, max_tokens, stop)
     with RssSampler() as rss:
         session = VisionSession(plan, model, verify_hashes=args.verify_weights)
-        gen = session.generate_vision(request, inputs)
+        gen = session.generate_vision(request, inputs, serial=args.serial)
     text = tokenizer.decode(gen.tokens)
     report = build_report(
         plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, list(inputs.prompt)
@@ -42,7 +42,7 @@ def run_vision(args: argparse.Namespace, plan, model, target) -> int:
     report["vision"] = {
         "images": len(inputs.pixels),
         "image_processor": inputs.processor,
-        "vision_s": session.vision_s,
+        "overlap": plan.vision.overlap and not args.serial and bool(inputs.pixels),
     }
     if target is not None:
         target.write(report_bytes(report))

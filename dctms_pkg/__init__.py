@@ -94,8 +94,13 @@ def compile_plan(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    max_kv_size: int | None = None,
     token_step: int | None = None,
     window_step: int | None = None,
+    ranks: int = 1,
+    rank: int = 0,
+    parallel: Literal["pipeline", "tensor"] | None = None,
+    split: tuple[int, ...] | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -108,8 +113,10 @@ def compile_plan(
     ``pack_seconds`` is the offset packer's search budget (a fixed amount of work, so the plan
     does not depend on the machine). ``real_lengths=False`` leaves out the length points the runner
     runs short calls at (fixed, padded phases; the envelope is the same); ``token_step`` and
-    ``window_step`` set their grid (``dctms compile --token-step/--window-step``). ``progress`` receives one line per compiler pass. Weights
-    are never loaded.
+    ``window_step`` set their grid (``dctms compile --token-step/--window-step``). ``ranks`` > 1
+    with ``parallel`` compiles rank ``rank`` of the model split by mlx-lm's ``pipeline`` (``split``:
+    layers per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every
+    rank's. ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan as _compile
@@ -131,8 +138,13 @@ def compile_plan(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        max_kv_size=max_kv_size,
         token_step=token_step,
         window_step=window_step,
+        ranks=ranks,
+        rank=rank,
+        parallel=parallel,
+        split=split,
     )
     return _compile(open_model(model), options, progress)
 
@@ -184,14 +196,21 @@ def fit(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     quantized_kv_start: int = 0,
+    max_kv_size: int | None = None,
     token_step: int | None = None,
     window_step: int | None = None,
+    ranks: int = 1,
+    rank: int = 0,
+    parallel: Literal["pipeline", "tensor"] | None = None,
+    split: tuple[int, ...] | None = None,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
     ``memory`` -- what ``dctms fit`` searches (``views.fit.largest_fitting``: a linear estimate of
     the crossing, then interpolation, bisection when that stalls), capped by the config's
-    max_position_embeddings (N + M). Takes every ``compile_plan`` option. The probes compile
+    max_position_embeddings (N + M). Takes every ``compile_plan`` option; with ``ranks`` > 1 the
+    budget is per rank: a probe's M_max is the largest of its ranks' (``rank`` is then ignored and
+    ``result.plan`` is the rank with the largest M_max). The probes compile
     without the length points (the envelope is the same); ``result.plan`` is compiled with the
     options as given."""
     from dctms.schema.model_folder import open_model
@@ -224,9 +243,16 @@ def fit(
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
         quantized_kv_start=quantized_kv_start,
+        max_kv_size=max_kv_size,
         token_step=token_step,
         window_step=window_step,
+        ranks=ranks,
+        rank=rank,
+        parallel=parallel,
+        split=split,
     )
+    if ranks > 1:
+        from dctms.toolkit.distributed import widest_rank as _compile  # noqa: F811
 
     def bounds(value: int) -> tuple[int, int]:
         return (value, fixed) if search_n else (fixed, value)

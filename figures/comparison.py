@@ -121,7 +121,37 @@ def envelope_deltas(old: Plan, new: Plan) -> list[Delta]:
     names += [
         f for f in ("device", "free") if getattr(a, f) is not None or getattr(b, f) is not None
     ]
-    return [Delta(f, ENVELOPE_LABELS.get(f, f), getattr(a, f), getattr(b, f)) for f in names]
+    rows = [Delta(f, ENVELOPE_LABELS.get(f, f), getattr(a, f), getattr(b, f)) for f in names]
+    if a.parts or b.parts:
+        rows += part_deltas(old, new)
+    return rows
+
+
+PART_FIELDS = ("weights", "kv", "persistent", "intermediate")
+
+
+def part_deltas(old: Plan, new: Plan) -> list[Delta]:
+    """Each model's share (speculative plans: ``Envelope.parts``); a plan of one model is all
+    target, and has no draft."""
+
+    def share(plan: Plan, model: str):
+        if not plan.envelope.parts:
+            return plan.envelope if model == "target" else None
+        return next((p for p in plan.envelope.parts if p.model == model), None)
+
+    rows = []
+    for model in ("target", "draft"):
+        a, b = share(old, model), share(new, model)
+        for f in PART_FIELDS:
+            rows.append(
+                Delta(
+                    f"{model}.{f}",
+                    f"{model} {f}",
+                    None if a is None else getattr(a, f),
+                    None if b is None else getattr(b, f),
+                )
+            )
+    return rows
 
 
 def table1_deltas(old: Plan, new: Plan) -> list[Delta]:
@@ -150,8 +180,7 @@ _PHASE_FIGURES: tuple[tuple[str, Callable[[Phase], int]], ...] = (
 def phase_deltas(old: Plan, new: Plan) -> list[PhaseDelta]:
     """Per phase (matched by name, the old plan's order first): arena, lower bound, ops, tensors,
     slots."""
-    before = {p.name: p for p in old.phases}
-    after = {p.name: p for p in new.phases}
+    before, after = _phases_by_name(old), _phases_by_name(new)
     rows = []
     for name in list(before) + [n for n in after if n not in before]:
         a, b = before.get(name), after.get(name)
@@ -167,6 +196,14 @@ def phase_deltas(old: Plan, new: Plan) -> list[PhaseDelta]:
                 )
             )
     return rows
+
+
+def _phases_by_name(plan: Plan) -> dict[str, Phase]:
+    """The plan's phases by name, a draft model's after them as "draft NAME"."""
+    phases = {p.name: p for p in plan.phases}
+    if plan.draft is not None:
+        phases.update({f"draft {p.name}": p for p in plan.draft.phases})
+    return phases
 
 
 def _bounds(plan: Plan) -> list[tuple[str, str, Any]]:
@@ -185,6 +222,7 @@ def _bounds(plan: Plan) -> list[tuple[str, str, Any]]:
         ("run_ahead_dispatches", "run-ahead dispatches", t.run_ahead_dispatches),
         *_grids(plan),
         ("generator", "generator", f"dctms {g.dctms}, mlx {g.mlx}, mlx-lm {g.mlx_lm}"),
+        ("num_draft", "draft tokens (K)", plan.draft.num_draft if plan.draft else None),
     ]
 
 
@@ -200,6 +238,13 @@ def _grids(plan: Plan) -> list[tuple[str, str, Any]]:
 def _fingerprint(plan: Plan) -> list[tuple[str, str, Any]]:
     m, w, q = plan.model, plan.model.weights, plan.model.quantization
     files = w.files_sha256
+    d = plan.draft.model if plan.draft else None
+    draft = [
+        ("draft_architecture", "draft architecture", d.architecture if d else None),
+        ("draft_config_sha256", "draft config sha256", d.config_sha256 if d else None),
+        ("draft_num_layers", "draft layers", d.num_layers if d else None),
+        ("draft_weights_total_bytes", "draft weights bytes", d.weights.total_bytes if d else None),
+    ]
     return [
         ("architecture", "model architecture", m.architecture),
         ("config_sha256", "config sha256", m.config_sha256),
@@ -218,6 +263,7 @@ def _fingerprint(plan: Plan) -> list[tuple[str, str, Any]]:
             "quantization",
             None if q is None else f"{q.bits}-bit, group {q.group_size}, {q.mode}",
         ),
+        *draft,
     ]
 
 

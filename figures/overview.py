@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dctms.figures.ranks import rank_label
 from dctms.schema.types import Plan
 
 # The paper's Table 1 (logical tensors -> physical buffers), shown for comparison.
@@ -60,7 +61,7 @@ def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
         ("prefill chunk", str(b.prefill_chunk)),
         ("dtype", b.dtype),
         ("KV cache", f"{kv_storage(plan)}, capacity {b.kv_capacity} positions"),
-    ]
+    ] + ([("rank", rank_label(plan))] if plan.distributed is not None else [])
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,71 @@ class ArenaRow:
 
 
 def arena_rows(plan: Plan) -> list[ArenaRow]:
-    """Each phase's arena against its lower bound, then the maximum over phases (``stats``)."""
+    """Each phase's arena against its lower bound, then the maximum over phases (``stats``); with a
+    draft model, its phases and their maximum after the target's."""
     rows = [ArenaRow(p.name, p.arena_bytes, p.lower_bound_bytes) for p in plan.phases]
     rows.append(ArenaRow("max over phases", plan.stats.arena_bytes, plan.stats.lower_bound_bytes))
+    if plan.draft is not None:
+        d = plan.draft
+        rows += [ArenaRow(f"draft {p.name}", p.arena_bytes, p.lower_bound_bytes) for p in d.phases]
+        rows.append(ArenaRow("draft: max", d.stats.arena_bytes, d.stats.lower_bound_bytes))
     return rows
+
+
+@dataclass(frozen=True)
+class ModelPartRow:
+    """One model's share of a speculative plan's envelope (``Envelope.parts``), or the plan's
+    combination of them (``model`` "plan": weights, KV, persistent summed; intermediate the max)."""
+
+    model: str
+    architecture: str
+    num_layers: int
+    weights: int
+    kv: int
+    persistent: int
+    intermediate: int
+
+    @property
+    def provable(self) -> int:
+        return self.weights + self.kv + self.persistent + self.intermediate
+
+
+# Why the plan's figures combine the parts as they do (shown under the parts table).
+PARTS_RULE = (
+    "weights, KV cache and persistent state of both models stay resident and add up; the runner "
+    "finishes one model's call before it starts the other's, so one arena is live at a time and "
+    "intermediate is the larger one"
+)
+
+
+def model_part_rows(plan: Plan) -> list[ModelPartRow]:
+    """Target, draft and their combination (empty for a plan of one model)."""
+    if plan.draft is None or not plan.envelope.parts:
+        return []
+    models = {"target": plan.model, "draft": plan.draft.model}
+    rows = [
+        ModelPartRow(
+            p.model,
+            models[p.model].architecture,
+            models[p.model].num_layers,
+            p.weights,
+            p.kv,
+            p.persistent,
+            p.intermediate,
+        )
+        for p in plan.envelope.parts
+    ]
+    e = plan.envelope
+    rows.append(ModelPartRow("plan", "", 0, e.weights, e.kv, e.persistent, e.intermediate))
+    return rows
+
+
+def speculative_line(plan: Plan) -> str:
+    """``draft proposes K = 3 tokens per verify call of 4`` (empty without a draft)."""
+    if plan.draft is None:
+        return ""
+    k = plan.draft.num_draft
+    return f"speculative decoding: the draft proposes K = {k} tokens per verify call of {k + 1}"
 
 
 def slack_by_phase(plan: Plan) -> list[tuple[str, int]]:

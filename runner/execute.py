@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from dctms.runner import primitives
+from dctms.runner.collectives import has_collectives
 from dctms.runner.lengths import LengthTable
 from dctms.runner.primitives import apply_op, args_from_json, dtype_from_name
 from dctms.schema.types import Phase
@@ -76,6 +77,7 @@ def _step(index, primitive, args, inputs, outputs, shapes, dtypes) -> _Step:
 @dataclass(frozen=True)
 class _Segment:
     drop: tuple[str, ...]  # tensor ids whose last reader is in this segment
+    drop_recorded: tuple[str, ...]  # of those, the ones defined before it (what a replay reads)
     evaluate: tuple[str, ...]
     reads: tuple[str, ...]  # ids defined before this segment (leaves, earlier segments) it reads
     keeps: tuple[str, ...]  # ids it defines that are read after it (its evaluate list first)
@@ -96,6 +98,16 @@ class PhaseProgram:
     def __init__(self, phase: Phase, replay: bool = True):
         self.name = phase.name
         self.inputs = [(b.id, b.kind, b.name) for b in phase.inputs]
+        # Per-call work that does not depend on the call, done once: the inputs by kind, the
+        # env of constants and weights (``_static_env``), the ids each call waits for first.
+        self._weight_inputs = [(b.id, b.name) for b in phase.inputs if b.kind == "weight"]
+        self._state_inputs = [(b.id, b.name) for b in phase.inputs if b.kind == "state"]
+        self._feed_inputs = [
+            (b.id, b.name) for b in phase.inputs if b.kind not in ("weight", "state")
+        ]
+        self._waited = [tid for tid, kind, _ in self.inputs if kind != "weight"]
+        self._static: dict[str, mx.array] = {}
+        self._static_for: dict[str, mx.array] | None = None
         self._feeds = {  # per-call inputs: shape at the bound, dtype (for placeholders)
             b.id: (tuple(b.shape), dtype_from_name(b.dtype)) for b in phase.inputs if b.kind == "input"
         }
@@ -146,8 +158,9 @@ class PhaseProgram:
         self.segments = _segments(ops_by_segment, drops, phase, kept_outputs)
         bound = self.lengths.bound
         self._variants = {bound: _Variant(bound, [tuple(s) for s in ops_by_segment])}
-        self.replay = replay
-        self._files = tempfile.TemporaryDirectory(prefix="dctms-replay-") if replay else None
+        # MLX's exporter cannot record mlx.distributed's primitives: a rank's phase runs op by op.
+        self.replay = replay and not has_collectives(op.primitive for op in phase.ops)
+        self._files = tempfile.TemporaryDirectory(prefix="dctms-replay-") if self.replay else None
 
     def variant(self, point: tuple[int, ...]) -> _Variant:
         """The phase's steps at a verified length point (made once, then kept)."""
@@ -241,20 +254,15 @@ class PhaseProgram:
         graph is built meanwhile and evaluated only once they are done. With ``wait=False`` the call
         returns while its last segment computes, so the caller can build the next call."""
         variant = self.variant(self.lengths.bound if point is None else tuple(point))
-        env: dict[str, mx.array] = dict(self.constants)
-        for tid, kind, name in self.inputs:
-            if kind == "weight":
-                env[tid] = weights[name]
-            elif kind == "state":
-                env[tid] = state.pop(name)
-            else:
-                env[tid] = feeds[name]
+        env = self._static_env(weights)
+        for tid, name in self._state_inputs:
+            env[tid] = state.pop(name)
+        for tid, name in self._feed_inputs:
+            env[tid] = feeds[name]
         check = not self.checked and variant.point == self.lengths.bound
         recorded = self.replay and not check and variant.runs >= RECORD_AFTER
         # Whatever a previous call left computing must finish before this call evaluates anything.
-        pending: list[mx.array] | None = [
-            env[tid] for tid, kind, _ in self.inputs if kind != "weight"
-        ]
+        pending: list[mx.array] | None = [env[tid] for tid in self._waited]
         for k, seg in enumerate(self.segments):
             # Building this segment's graph allocates nothing, so it overlaps the previous
             # segment's computation; its evaluation starts only once that one has drained.
@@ -272,7 +280,8 @@ class PhaseProgram:
                         outs = step.direct(inputs)
                     for t, arr in zip(step.outputs, outs, strict=True):
                         env[t] = arr
-            for t in seg.drop:
+            # A recorded segment's own tensors never enter env: only what it reads can be dropped.
+            for t in seg.drop_recorded if recorded else seg.drop:
                 env.pop(t, None)
             if pending is not None:
                 mx.eval(pending)  # the sync point: everything of the previous segment is done
@@ -289,6 +298,14 @@ class PhaseProgram:
         self.checked = self.checked or check
         variant.runs += 1
         return results
+
+    def _static_env(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """A fresh env holding the constants and weight bindings (built once per weights dict)."""
+        if self._static_for is not weights:
+            static = dict(self.constants)
+            static.update((tid, weights[name]) for tid, name in self._weight_inputs)
+            self._static, self._static_for = static, weights
+        return dict(self._static)
 
     def _record(self, variant: _Variant, k: int, env: dict[str, mx.array]) -> Callable:
         """Record segment ``k`` of ``variant`` once (MLX's exporter traces the steps' handlers on
@@ -331,6 +348,7 @@ def _segments(
         segments.append(
             _Segment(
                 tuple(sorted(drops[k])),
+                tuple(sorted(set(drops[k]) - mine)),
                 tuple(sp.evaluate),
                 tuple(sorted(reads)),
                 (*sp.evaluate, *sorted(later)),

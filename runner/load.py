@@ -70,17 +70,22 @@ def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = Fals
         )
     have = {h.name: h for h in model.headers()}
     want = {w.name: w for w in plan.model.weights.tensors}
+    # A pipeline rank's plan names the other ranks' weights it does not load.
+    others = set(plan.distributed.skipped_weights) if plan.distributed else set()
     for name in sorted(set(have) | set(want)):
         if name not in have:
             raise DctmsError(f"{model.path}: weight {name} is missing (the plan needs it)")
         if name not in want:
+            if name in others:
+                continue
             raise DctmsError(f"{model.path}: weight {name} is not in the plan")
         h, w = have[name], want[name]
         stored = w.stored_dtype or w.dtype
-        if list(h.shape) != list(w.shape) or h.dtype != stored:
+        shape = w.shard.stored_shape if w.shard else w.shape  # a tensor-parallel rank's slice
+        if list(h.shape) != list(shape) or h.dtype != stored:
             raise DctmsError(
                 f"{model.path}: weight {name} is {h.dtype}{list(h.shape)}, "
-                f"the plan has {stored}{list(w.shape)}"
+                f"the plan has {stored}{list(shape)}"
             )
     if verify_hashes:
         recorded = plan.model.weights.files_sha256
@@ -104,10 +109,33 @@ def load_weights(model: ModelFolder, plan: Plan) -> dict[str, mx.array]:
         except (RuntimeError, ValueError, OSError) as err:
             raise DctmsError(f"{f}: cannot load weights: {err}") from None
     weights: dict[str, mx.array] = {}
-    for w in cast_order(plan.model.weights.tensors):
+    if plan.distributed is not None:
+        weights.update(_rank_weights(model, plan, loaded))
+    for w in cast_order([w for w in plan.model.weights.tensors if w.name not in weights]):
         array = loaded.pop(w.name).astype(dtype_from_name(w.dtype))
         mx.eval(array)  # the stored copy is freed here: nothing else refers to it
         weights[w.name] = array
     weights.update(loaded)
     mx.eval(list(weights.values()))
     return weights
+
+
+def _rank_weights(model: ModelFolder, plan: Plan, loaded: dict[str, mx.array]) -> dict:
+    """A rank's own weights: the other ranks' (still unread) are dropped, and every shard is cut
+    from its stored tensor one at a time (``runner.shards``); returns the shards."""
+    from dctms.runner.shards import read_shard, tensor_offsets
+
+    for name in plan.distributed.skipped_weights:
+        loaded.pop(name, None)
+    sharded = [w for w in plan.model.weights.tensors if w.shard is not None]
+    if not sharded:
+        return {}
+    folder = {f.name: f for f in model.weight_files}
+    file_of = {h.name: folder[h.file] for h in model.headers()}
+    offsets = {f: tensor_offsets(f) for f in {file_of[w.name] for w in sharded}}
+    out = {}
+    for w in sharded:
+        loaded.pop(w.name, None)
+        start, entries = offsets[file_of[w.name]]
+        out[w.name] = read_shard(file_of[w.name], start, entries[w.name], w)
+    return out

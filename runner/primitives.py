@@ -26,6 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from dctms.runner import collectives
 from dctms.schema.errors import DctmsError
 from dctms.schema.values import args_to_plain, dtype_name
 
@@ -425,6 +426,8 @@ _LINALG: dict[str, Handler] = {
     "GatherQMM": _gather_qmm,
 }
 
+_CREATION.update(collectives.CREATION)
+
 _HANDLERS: dict[str, Handler] = {
     **_ELEMENTWISE,
     "Equal": _equal,
@@ -432,6 +435,7 @@ _HANDLERS: dict[str, Handler] = {
     **_SHAPE,
     **_GATHERS,
     **_LINALG,
+    **collectives.HANDLERS,  # a rank's plan (mlx.distributed)
 }
 
 SUPPORTED: frozenset[str] = frozenset(_HANDLERS) | frozenset(_CREATION)

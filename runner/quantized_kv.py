@@ -31,7 +31,7 @@ def prefill_like_mlx_lm(session, prompt: list[int], whole_chunks: bool = False) 
         mx.eval(token)
         return token
     head = prompt[:-1] if len(prompt) > 1 else prompt
-    out = _feed_chunks(session, head, session.prefill_start)
+    out = _feed_chunks(session, head, session.prefill_start or session.prefill)
     if len(prompt) == 1:
         token = out["next_token"]
     else:

@@ -68,6 +68,8 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
             size = shape[w.axis] if w.axis < len(shape) else 0
             # a sliding-window ring: position mod slots, never wrapping (the verifier's rule)
             end = w.modulus if w.modulus is not None else last_start[phase.name] + w.extent
+            if w.clamp is not None:  # at min(position, clamp): a rotating cache's kept tokens
+                end = w.clamp + w.extent
             if end > size:
                 raise DctmsError(
                     f"{phase.name} writes {w.state} up to position {end}, but the array "
@@ -139,6 +141,8 @@ class Session:
         self.decode = PhaseProgram(phases["decode"])
         self.prefill_start = PhaseProgram(phases[START]) if START in phases else None
         self.recurrent = any(s.recurrent for s in plan.state)
+        # a rotating cache that keeps tokens: mlx-lm's call boundaries decide what a query sees
+        self.keeps = any(s.window is not None and s.window.keep for s in plan.state)
         self.chunk = plan.bounds.prefill_chunk
 
     def held_bytes(self) -> int:
@@ -177,7 +181,7 @@ class Session:
             raise ValueError("the request was validated for another plan")
         prompt, max_tokens, stop = list(request.prompt), request.max_tokens, request.stop
         start = time.perf_counter()
-        if self.prefill_start is None and not self.recurrent:
+        if self.prefill_start is None and not self.recurrent and not self.keeps:
             token_array = self._prefill(prompt)
         else:  # mlx-lm's call boundaries decide what is quantised; a recurrent state takes no pad
             token_array = prefill_like_mlx_lm(self, prompt, whole_chunks=self.recurrent)

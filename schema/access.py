@@ -40,6 +40,7 @@ class PositionWrite:
     axis: int
     extent: int
     modulus: int | None = None
+    clamp: int | None = None  # at min(position, clamp): a rotating cache's kept tokens
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,15 @@ def derived_ids(phase: Phase, input_name: str) -> set[str]:
     return ids
 
 
-def ring_positions(phase: Phase) -> dict[str, int]:
+def ring_positions(phase: Phase, primitive: str = "Remainder") -> dict[str, int]:
     """Ids holding ``position mod m`` for a constant scalar ``m`` >= 1 (``Remainder`` of the
-    position by a one-element constant, then shape-only ops), with their ``m``."""
+    position by a one-element constant, then shape-only ops), with their ``m``; with primitive
+    "Minimum", ids holding ``min(position, m)``."""
     positions = derived_ids(phase, "position")
     constants = {c.id: c.value for c in phase.constants}
     found: dict[str, int] = {}
     for op in phase.ops:
-        if op.primitive != "Remainder" or len(op.inputs) != 2 or op.inputs[0] not in positions:
+        if op.primitive != primitive or len(op.inputs) != 2 or op.inputs[0] not in positions:
             continue
         value = constants.get(op.inputs[1])
         if value is not None and len(value) == 1 and type(value[0]) is int and value[0] >= 1:
@@ -119,6 +121,7 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
     none)."""
     positions = derived_ids(phase, "position")
     rings = ring_positions(phase)
+    clamps = ring_positions(phase, "Minimum")
     state = {b.id: b.name for b in phase.inputs if b.kind == "state"}
     shapes = {t.id: t.shape for t in phase.tensors}
     shapes.update({b.id: b.shape for b in phase.inputs})
@@ -132,12 +135,15 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
         name = state[op.inputs[0]]
         update = shapes.get(op.inputs[1]) if len(op.inputs) == 3 else None
         start = op.inputs[2] if len(op.inputs) == 3 else None
-        if axes is None or len(axes) != 1 or update is None or start not in positions | set(rings):
+        known = positions | set(rings) | set(clamps)
+        if axes is None or len(axes) != 1 or update is None or start not in known:
             stray.append(StrayStateWrite(k, name))
             continue
         axis = axes[0]
         if not 0 <= axis < len(update):
             stray.append(StrayStateWrite(k, name))
             continue
-        writes.append(PositionWrite(k, name, axis, update[axis], rings.get(start)))
+        writes.append(
+            PositionWrite(k, name, axis, update[axis], rings.get(start), clamps.get(start))
+        )
     return writes, stray

@@ -155,7 +155,13 @@ def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
             if target is None:
                 continue  # the bindings rule reports it
             size = target.shape[w.axis] if w.axis < len(target.shape) else 0
-            if w.modulus is not None or target.window is not None:
+            if w.clamp is not None:
+                if size < w.clamp + w.extent:
+                    yield where, (
+                        f"writes {w.extent} positions of {w.state!r} at up to {w.clamp}, past its "
+                        f"{size} positions along axis {w.axis}"
+                    )
+            elif w.modulus is not None or target.window is not None:
                 yield from _ring_write(px, w, target, size, plan.bounds.prefill_chunk)
             elif size < capacity:
                 yield (

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dctms.schema.fingerprint import layout_sha256
 from dctms.schema.phase_index import PlanIndex
 from dctms.schema.sizes import is_arena_tenant
-from dctms.schema.vision_bytes import transient_bytes
+from dctms.schema.vision_bytes import intermediate_need
 
 Finding = tuple[str, str]
 
@@ -146,16 +146,14 @@ def envelope_sum(ix: PlanIndex) -> Iterator[Finding]:
         where = f"$.envelope.parts[{env.parts.index(own)}]" if own is not None else ""
     if own is None:
         return
-    # A vision call's own inputs (pixel values) live only during the call: counted with its arena.
-    largest = max(
-        (p.arena_bytes + p.slack_bytes + transient_bytes(plan, p) for p in plan.phases), default=0
-    )
+    # Vision-language plans: a vision call's own inputs (pixel values) live only during the call
+    # and count with its arena; overlapped streams add one call of each (schema.vision_bytes).
+    largest = intermediate_need(plan)
     if own.intermediate != largest:
-        yield (
-            f"{where}.intermediate",
-            f"{own.intermediate}, but the largest phase arena plus allocator slack (plus a vision "
-            f"call's inputs) is {largest}",
-        )
+        what = "the largest phase arena plus allocator slack"
+        if plan.vision is not None:
+            what += " (a vision call's inputs with its arena; overlapped: text + vision)"
+        yield f"{where}.intermediate", f"{own.intermediate}, but {what} is {largest}"
     for name in STATE_KINDS:
         total = sum(s.bytes for s in plan.state if s.kind == name)
         if getattr(own, name) != total:

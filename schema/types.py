@@ -41,6 +41,7 @@ Backend = Literal["cpu", "gpu"]
 StateKind = Literal["kv", "persistent"]
 BindingKind = Literal["input", "weight", "state", "output"]
 TensorKind = Literal["intermediate", "output", "state", "scratch"]
+ParallelMode = Literal["pipeline", "tensor"]
 
 
 class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -79,6 +80,18 @@ class Quantization(_Base):
     mode: Name = "affine"
 
 
+class RankShard(_Base):
+    """How a tensor-parallel rank cuts its weight from the stored tensor, as mlx.nn's ``_shard``
+    does: split ``stored_shape`` along ``axis`` into ``segments``, each of those into ``parts``, keep
+    part ``index`` of every segment, concatenated along ``axis``."""
+
+    stored_shape: Shape
+    axis: Int
+    parts: Positive
+    index: Int
+    segments: Positive = 1
+
+
 class WeightTensor(_Base):
     name: Name
     shape: Shape
@@ -86,6 +99,8 @@ class WeightTensor(_Base):
     bytes: ByteCount
     # As stored in the safetensors file, when the plan casts it at load (``compile --dtype``).
     stored_dtype: Name | None = None
+    # A tensor-parallel rank's slice of the stored tensor (``shape`` is the slice's).
+    shard: RankShard | None = None
 
 
 class Weights(_Base):
@@ -139,6 +154,9 @@ class SlidingWindow(_Base):
 
     window: Positive
     slots: Positive
+    # tokens mlx-lm's RotatingKVCache keeps at the start (4 with --max-kv-size); their arrays are
+    # the state named "<ring>.keep" (keep slots, then keep sink slots)
+    keep: Int = 0
 
 
 class StateTensor(_Base):
@@ -378,6 +396,7 @@ class VisionRequest(_Base):
     images: Positive
     height: Positive
     width: Positive
+    overlap: bool = False
 
 
 class CompileRequest(_Base):
@@ -407,9 +426,29 @@ class CompileRequest(_Base):
     kv_bits: Positive | None = None
     kv_group_size: Positive = 64
     quantized_kv_start: Int = 0
+    max_kv_size: Positive | None = None  # mlx-lm's max_kv_size (rotating caches keeping 4 tokens)
+    # One rank of a distributed model (see Distributed): ranks > 1 with parallel and rank.
+    ranks: Positive = 1
+    rank: Int = 0
+    parallel: ParallelMode | None = None
+    split: list[Positive] | None = None
     vision: VisionRequest | None = None  # a vision-language plan's image bounds
     draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
     num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
+
+
+class Distributed(_Base):
+    """This plan is one rank of a model split over ``ranks`` processes of mlx.distributed, by
+    mlx-lm's own ``pipeline(group)`` or ``shard(group)``. Every rank has a plan file of its own;
+    its envelope is that rank's alone (nothing is shared between ranks' processes)."""
+
+    mode: ParallelMode
+    ranks: Positive
+    rank: Int
+    layers: list[Int]  # [start, end): the decoder layers this rank runs, in the model's numbering
+    split: list[Positive] = []  # pipeline: layers per rank, in rank order (rank 0 runs the last)
+    # Stored weights this rank does not load (pipeline: the other ranks' layers).
+    skipped_weights: list[Name] = []
 
 
 class Stream(_Base):
@@ -444,7 +483,15 @@ class Vision(_Base):
     ``k * tokens_per_image`` of the ``image_features`` table (``feature_rows`` = ``images`` x
     ``tokens_per_image``, the most tokens of any variant); prefill reads the rows of its
     image-token positions (input ``image_rows``). Only the table outlives the vision phase.
-    ``mrope``: the text phases take 3-axis rotary positions (input ``rope_positions``)."""
+    ``mrope``: the text phases take 3-axis rotary positions (input ``rope_positions``).
+
+    ``overlap``: what runs concurrently. False: every vision call runs (and is waited for) before
+    prefill starts. True: the vision calls run on MLX stream 1 (the ``vision`` stream's
+    ``mlx_stream``), one at a time and in image order, while prefill runs on stream 0; a prefill
+    call waits (a sync point where the streams meet) for the vision call of every image whose
+    rows it reads, so image k's encoding overlaps the prefill of the text before it (and of
+    earlier images). M_intermediate then covers one call of each stream at once: the largest
+    text arena plus the largest vision call."""
 
     family: Name  # mlx-vlm model_type, e.g. "gemma3"
     resolution: Literal["fixed", "dynamic"]
@@ -457,6 +504,7 @@ class Vision(_Base):
     variants: list[VisionVariant]
     streams: list[Stream]
     mrope: bool = False
+    overlap: bool = False
 
 
 class Draft(_Base):
@@ -501,6 +549,7 @@ class Plan(_Base):
     compile: CompileRequest | None = None  # None in plans not written by the compiler (tests)
     vision: Vision | None = None  # vision-language plans only
     draft: Draft | None = None  # speculative decoding: the draft model's part (compile --draft)
+    distributed: Distributed | None = None  # set when the plan is one rank of several
     modules: ModuleTree | None = None  # the module paths the phases' ModuleRuns point into
     # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
     # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.

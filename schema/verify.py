@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 from dctms.schema import (
     rules_derived,
+    rules_distributed,
     rules_draft,
     rules_graph,
     rules_lengths,
@@ -89,6 +90,7 @@ RULES: dict[str, Rule] = {
     "compile_request": rules_request.compile_request,
     "speculative": rules_draft.speculative,
     "vision": rules_vision.vision_plan,
+    "distributed": rules_distributed.distributed,
     "module_tree": rules_modules.module_tree,
     "module_runs": rules_modules.module_runs,
     "module_layer": rules_modules.module_layer,

@@ -34,3 +34,15 @@ def transient_bytes(plan, phase) -> int:
     if phase.name not in vision_phases(plan):
         return 0
     return call_input_bytes(phase, plan.target.allocator_slack)
+
+
+def intermediate_need(plan) -> int:
+    """M_intermediate a vision-language plan needs: the largest phase call (arena, slack, a vision
+    call's own inputs) when its streams take turns; with ``vision.overlap`` one call of each
+    stream at once: the largest text call plus the largest vision call."""
+    calls = {p.name: p.arena_bytes + p.slack_bytes + transient_bytes(plan, p) for p in plan.phases}
+    variants = vision_phases(plan)
+    if plan.vision is None or not plan.vision.overlap:
+        return max(calls.values(), default=0)
+    text = max((b for n, b in calls.items() if n not in variants), default=0)
+    return text + max((b for n, b in calls.items() if n in variants), default=0)

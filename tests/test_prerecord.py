@@ -15,6 +15,7 @@ import pytest
 from conftest import TINY_QWEN2
 
 from dctms.runner.execute import PhaseProgram
+from dctms.runner.lengths import LengthTable
 from dctms.runner.load import load_checked_plan
 from dctms.runner.prerecord import request_points
 from dctms.runner.request import validate_request
@@ -141,3 +142,24 @@ def test_a_shape_the_plan_does_not_say_is_refused_at_prerecording(session) -> No
     with pytest.raises(DctmsError, match="the plan says"):
         program.prepare(session.weights, session.state)
     assert isinstance(program, PhaseProgram) and not program.checked
+
+
+def test_dctms_run_reports_the_recording_as_set_up(model, tmp_path, capsys) -> None:
+    import json
+
+    from dctms.cli.main import main as cli
+
+    report = tmp_path / "r.json"
+    ids = ",".join(map(str, prompt(23)))
+    args = ["run", str(model[0]), "--model", str(model[1]), "--tokens", ids, "--max-tokens", "5"]
+    assert cli([*args, "--ignore-eos", "--report", str(report)]) == 0
+    err = capsys.readouterr().err
+    plan = load_checked_plan(model[0])
+    phases = {p.name: p for p in plan.phases}
+    pre, dec = request_points(
+        LengthTable(phases["prefill"]), LengthTable(phases["decode"]), CHUNK, 23, 5
+    )
+    setup = json.loads(report.read_text())["setup"]
+    assert setup["recorded_points"] == len(pre) + len(dec) > 0 and setup["record_s"] > 0
+    assert f"set-up: graphs of {len(pre) + len(dec)} length points recorded in" in err
+    assert "before the first token (not in TTFT)" in err

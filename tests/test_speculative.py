@@ -314,3 +314,79 @@ def _dctms(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dctms.cli.main", *args], capture_output=True, text=True
     )
+
+
+# ------------------------------------------------------------------------------------- views
+
+
+def test_show_gives_each_models_part_of_the_envelope(plans):
+    from dctms.views.show import show_text
+
+    plan = load_checked_plan(plans[("first_layer", 2)])
+    target, draft = plan.envelope.parts
+    text = show_text(plan)
+    assert "the draft proposes K = 2 tokens per verify call of 3" in text
+    section = text.split("speculative decoding:")[1].split("\n\n")[0]
+    rows = {line.split()[0]: line for line in section.splitlines() if line.startswith("  ")}
+    assert f"{target.weights:,}" in rows["target"] and f"{draft.weights:,}" in rows["draft"]
+    assert f"{draft.kv:,}" in rows["draft"] and "qwen2" in rows["draft"]
+    assert f"{plan.envelope.weights:,}" in rows["plan"]
+    assert "draft decode" in text and "one arena is live at a time" in text
+    proc = _dctms("show", str(plans[("first_layer", 2)]), "--json")
+    parts = json.loads(proc.stdout)["envelope"]["parts"]
+    assert [p["model"] for p in parts] == ["target", "draft"] and parts[1]["kv"] == draft.kv
+
+
+def test_diff_against_the_target_alone_shows_what_the_draft_adds(models, plans, tmp_path):
+    alone = tmp_path / "alone.plan"
+    assert _dctms("compile", str(models["target"]), "-N", str(N), "-M", str(M),
+                  "--prefill-chunk", str(CHUNK), "-o", str(alone)).returncode == 0  # fmt: skip
+    proc = _dctms("diff", str(alone), str(plans[("first_layer", 2)]), "--format", "json")
+    assert proc.returncode in (0, 1), proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["envelope"]}
+    plan = load_checked_plan(plans[("first_layer", 2)])
+    draft = plan.envelope.parts[1]
+    assert rows["draft.weights"]["old"] is None and rows["draft.weights"]["new"] == draft.weights
+    assert rows["target.weights"]["delta"] == 0
+    assert rows["weights"]["delta"] == draft.weights
+
+
+def test_fit_with_a_draft_searches_speculative_plans(models, tmp_path):
+    capped = write_tiny_model(tmp_path / "capped", {**TARGET, "max_position_embeddings": 40}, 3)
+    draft = write_first_layers_draft(capped, tmp_path / "capped-draft", 1)
+    proc = _dctms("fit", str(capped), "--draft", str(draft), "--num-draft", "2", "-M", "8",
+                  "--memory", "1GiB", "--prefill-chunk", "8", "--json", "-q")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    fit = json.loads(proc.stdout)
+    assert [p["model"] for p in fit["parts"]] == ["target", "draft"]
+    env = fit["envelope"]
+    assert env["weights"] == sum(p["weights"] for p in fit["parts"])
+    assert env["intermediate"] == max(p["intermediate"] for p in fit["parts"])
+
+
+def test_the_inspector_overview_shows_both_models(plans):
+    import asyncio
+
+    from dctms.tui.app import InspectorApp
+    from dctms.tui.state import Inspection
+
+    plan = load_checked_plan(plans[("first_layer", 2)])
+    app = InspectorApp(Inspection(plan, "spec.plan"))
+    seen = {}
+
+    async def main() -> None:
+        async with app.run_test(size=(140, 60)) as pilot:
+            await pilot.pause()
+            widget = app.screen.query_one("#models")
+            lines = widget.render_lines(widget.size.region)
+            seen["text"] = "\n".join(s.text for s in lines)
+
+    asyncio.run(main())
+    assert "draft proposes K = 2" in seen["text"]
+    assert "target" in seen["text"] and "draft" in seen["text"] and "qwen2" in seen["text"]
+
+
+def test_a_quantised_kv_cache_is_refused_with_a_draft(models):
+    opts = CompileOptions(N, M, prefill_chunk=CHUNK, kv_bits=8)
+    with pytest.raises(DctmsError, match="--draft: not supported yet with --kv-bits"):
+        compile_speculative(open_model(models["target"]), open_model(models["target"]), opts, 2)

@@ -13,12 +13,14 @@ from dctms.schema.types import (
     Binding,
     Buffer,
     CompileRequest,
+    Distributed,
     EnvelopePart,
     Intermediate,
     LengthAffine,
     Lengths,
     ModuleRuns,
     Plan,
+    RankShard,
     SyncPoint,
     as_kind,
 )
@@ -563,7 +565,38 @@ CASES: list[tuple[str, str, Break]] = [
     # vision-language plans (schema/rules_vision.py; tests/test_vision.py breaks real plans)
     ("vision", "a vision phase without a vision section",
      lambda p: replace(p, phases=[P0(p), replace(P0(p), name="vision")])),  # fmt: skip
+    # a rank's plan (schema/rules_distributed.py; tests/test_distributed.py breaks real ones)
+    ("distributed", "a collective op in a one-process plan",
+     lambda p: op(p, 2, primitive="AllReduce", args=["sum"], inputs=["t1"])),  # fmt: skip
+    ("distributed", "rank beyond the group", lambda p: _ranked(p, rank=2)),
+    ("distributed", "a Send to itself",
+     lambda p: op(_ranked(p), 2, primitive="Send", args=[0], inputs=["t1"])),  # fmt: skip
+    ("distributed", "a pipeline split that does not sum to the layers",
+     lambda p: _ranked(p, mode="pipeline", split=[1, 1])),  # fmt: skip
+    ("distributed", "a tensor rank running part of the layers",
+     lambda p: nested(_ranked(p), "model", num_layers=2)),  # fmt: skip
+    ("distributed", "a shard that is not 1/parts of its stored tensor",
+     lambda p: _sharded(p, RankShard(stored_shape=[16, 8], axis=0, parts=2, index=1))),  # fmt: skip
+    ("distributed", "a shard in a plan of one process",
+     lambda p: _sharded(p, RankShard(stored_shape=[32, 8], axis=0, parts=2, index=1), rank=False)),  # fmt: skip
 ]
+
+
+def _ranked(plan: Plan, **changes) -> Plan:
+    """The tiny plan (one layer) as rank 0 of a 2-rank tensor-parallel split."""
+    fields = dict(mode="tensor", ranks=2, rank=0, layers=[0, 1]) | changes
+    return replace(plan, distributed=Distributed(**fields))
+
+
+def _sharded(plan: Plan, shard: RankShard, rank: bool = True) -> Plan:
+    w = plan.model.weights.tensors
+    plan = weights(plan, tensors=[replace(w[0], shard=shard), *w[1:]])
+    return _ranked(plan) if rank else plan
+
+
+def test_a_consistent_rank_plan_is_valid(tiny_plan: Plan) -> None:
+    good = _sharded(tiny_plan, RankShard(stored_shape=[32, 8], axis=0, parts=2, index=1))
+    assert verify_plan(good) == []
 
 
 def test_a_consistent_lengths_record_is_valid(tiny_plan: Plan) -> None:

@@ -432,3 +432,113 @@ def test_the_vision_rule_rejects_broken_plans(vlm, how, breaker, needle) -> None
     problems = [p for p in verify_plan(breaker(read_plan(vlm[1]))) if p.rule == "vision"]
     assert problems, how
     assert any(needle in p.message for p in problems), [str(p) for p in problems]
+
+
+@pytest.fixture(scope="module")
+def overlapped(vlm, tmp_path_factory) -> Path:
+    """The same model compiled with --overlap (N = 96, so text fits before and between images)."""
+    family, _, folder = vlm
+    _, (h, w), _ = FAMILIES[family]
+    path = tmp_path_factory.mktemp("overlap") / f"{family}.plan"
+    rc = main(["compile", str(folder), "-N", "96", "-M", str(M), "--images", str(K),
+               "--image-size", f"{h}x{w}", "--prefill-chunk", str(CHUNK), "--overlap",
+               "--pack-seconds", "0.2", "-q", "-o", str(path)])
+    assert rc == 0
+    return path
+
+
+def test_an_overlapped_plan_says_what_runs_concurrently(vlm, overlapped) -> None:
+    plan = read_plan(overlapped)
+    assert verify_plan(plan) == []
+    v = plan.vision
+    assert v.overlap and plan.compile.vision.overlap
+    assert [(s.name, s.mlx_stream) for s in v.streams] == [("vision", 1), ("text", 0), ("output", 0)]
+    # The envelope covers one call of each stream at once: the largest text call plus the
+    # largest vision call (its arena and its pixel values), not the larger of the two.
+    from dctms.schema.vision_bytes import transient_bytes
+
+    variants = {x.phase for x in v.variants}
+    calls = {p.name: p.arena_bytes + p.slack_bytes + transient_bytes(plan, p) for p in plan.phases}
+    text = max(b for n, b in calls.items() if n not in variants)
+    vision = max(b for n, b in calls.items() if n in variants)
+    assert plan.envelope.intermediate == text + vision > max(text, vision)
+    # Claiming overlap for a plan whose envelope covers the streams taking turns is refused.
+    from msgspec.structs import replace
+
+    serial = read_plan(vlm[1])
+    claimed = replace(serial, vision=replace(serial.vision, overlap=True))
+    assert "envelope_sum" in {p.rule for p in verify_plan(claimed)}
+
+
+@pytest.mark.slow
+def test_the_overlapped_run_encodes_on_a_second_stream_while_prefilling(
+    vlm, overlapped, images, monkeypatch
+) -> None:
+    """Image 0 is launched before the first prefill call, image 1 when the prefill reaches
+    image 0 and before the text between them is prefilled; the vision calls run on another
+    MLX stream; the ids equal the serial run's and mlx-vlm's; memory stays within M_max."""
+    from dctms.runner import vision_session
+
+    family, _, folder = vlm
+    mark = FAMILIES[family][2]
+    prompt = "a" * 20 + mark + "b" * 20 + mark + "q"
+    paths = [images[0], images[1]]
+    log: list[tuple] = []
+    main = mx.default_stream(mx.default_device())  # the stream prefill runs on
+    encode, run = vision_session.VisionSession._encode, vision_session.PhaseProgram.run
+
+    def spy_encode(self, k, px, phase, wait):
+        on = mx.default_stream(mx.default_device())
+        log.append(("vision", k, on == self.vision_stream and on != main))
+        return encode(self, k, px, phase, wait)
+
+    def spy_run(self, feeds, *args, **kwargs):
+        if self.name == "prefill":
+            log.append(("prefill", int(feeds["position"].item())))
+        return run(self, feeds, *args, **kwargs)
+
+    monkeypatch.setattr(vision_session.VisionSession, "_encode", spy_encode)
+    monkeypatch.setattr(vision_session.PhaseProgram, "run", spy_run)
+    plan, inputs, overlapped_ids, peak = _ours(overlapped, folder, prompt, paths, M)
+    assert peak <= plan.envelope.provable
+    schedule = list(log)
+    first = vision_session._first_chunks(inputs.prompt, inputs.image_rows, plan, 2)
+    assert first[0] == 20 // CHUNK and first[1] > first[0] + 1
+    assert schedule[0] == ("vision", 0, True)
+    image1 = schedule.index(("vision", 1, True))
+    prefills = [e for e in schedule if e[0] == "prefill"]
+    # Image 1 starts right after the call that first reads image 0, before the text between.
+    assert schedule[1:image1] == [("prefill", c * CHUNK) for c in range(first[0])]
+    assert schedule[image1 + 1] == ("prefill", first[0] * CHUNK)
+    assert len(prefills) == -(-len(inputs.prompt) // CHUNK)
+    log.clear()
+    monkeypatch.undo()
+    from dctms.runner.load import load_checked_plan
+    from dctms.runner.request import validate_request
+    from dctms.runner.vision_session import VisionSession
+    from dctms.schema.model_folder import open_model_folder
+
+    loaded = load_checked_plan(overlapped)
+    serial = VisionSession(loaded, open_model_folder(folder)).generate_vision(
+        validate_request(loaded, inputs.prompt, M, set()), inputs, serial=True
+    ).tokens
+    assert overlapped_ids == serial == _mlx_vlm_ids(folder, prompt, paths, M)[1]
+
+
+def test_show_and_trace_name_the_streams(overlapped, capsys, tmp_path) -> None:
+    assert main(["show", str(overlapped)]) == 0
+    out = capsys.readouterr().out
+    assert "vision-language (" in out and "overlapped (one call of each at once)" in out
+    assert "vision   MLX stream 1:" in out and "text     MLX stream 0: prefill, decode" in out
+    trace = tmp_path / "t.json"
+    assert main(["trace", str(overlapped), "-o", str(trace)]) == 0
+    names = [e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"]
+             if e.get("name") == "process_name"]
+    assert any(n.endswith("[vision stream, MLX stream 1]") for n in names)
+    assert any(n.startswith("prefill") and n.endswith("[text stream, MLX stream 0]") for n in names)
+
+
+def test_check_recompiles_a_vision_plan_to_the_same_bytes(vlm, overlapped, capsys) -> None:
+    _, _, folder = vlm
+    assert main(["check", str(overlapped), "--model", str(folder)]) == 0
+    assert "ok (re-compiles to the same bytes)" in capsys.readouterr().out

@@ -42,8 +42,8 @@ CACHE_SUPPORT: dict[str, str] = {
     "KVCache": "planned: a static cache of N + M (+ padded prompt) positions",
     "QuantizedKVCache": "planned with --kv-bits 4 or 8, --kv-group-size 32, 64 or 128 "
     "(--quantized-kv-start 0 only)",
-    "RotatingKVCache": "planned with keep 0 (sliding-window layers: gemma3_text, olmo3, ...): "
-    "a ring of the window + one chunk",
+    "RotatingKVCache": "planned (sliding-window layers: gemma3_text, olmo3, ...; --max-kv-size "
+    "W, keep 4): a ring of the window + one chunk",
     "ChunkedKVCache": "refused: chunked attention (llama4) is not planned yet",
     "ArraysCache": "planned (recurrent state: mamba, ...): its arrays at their fixed shapes, "
     "prompts fed in whole chunks and single tokens",
@@ -60,18 +60,37 @@ class Recurrent:
     size: int
 
 
-def check_cache_support(model) -> list[int | Recurrent | None]:
-    """Each layer's cache from the model's ``make_cache``: its sliding window (``RotatingKVCache``),
-    ``Recurrent`` (``ArraysCache``) or None (a full KV cache); refuse caches that are not planned,
-    naming each class and why (``CACHE_SUPPORT``)."""
+@dataclass(frozen=True)
+class Rotating:
+    """A layer whose cache is mlx-lm's ``RotatingKVCache(max_size=window, keep=keep)``."""
+
+    window: int
+    keep: int = 0
+
+
+# mlx-lm's make_prompt_cache(model, max_kv_size): RotatingKVCache(max_size=max_kv_size, keep=4)
+MAX_KV_KEEP = 4
+
+
+def check_cache_support(model, max_kv_size: int | None = None) -> list[Rotating | Recurrent | None]:
+    """Each layer's cache as mlx-lm's ``make_prompt_cache(model, max_kv_size)`` makes it:
+    ``Rotating`` (a sliding window), ``Recurrent`` (``ArraysCache``) or None (a full KV cache);
+    refuse caches that are not planned, naming each class and why (``CACHE_SUPPORT``)."""
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
+    arch = getattr(model, "model_type", None) or "model"
     if not hasattr(model, "make_cache"):
         if not hasattr(model, "layers"):
             raise DctmsError("not supported yet: model exposes no .layers to size its KV cache")
+        if max_kv_size is not None:
+            return [Rotating(max_kv_size, MAX_KV_KEEP)] * len(model.layers)
         return [None] * len(model.layers)
+    if max_kv_size is not None:
+        raise DctmsError(
+            f"--max-kv-size: {arch} makes its own cache, and mlx-lm ignores max_kv_size for such "
+            "models (mlx-lm#1343)"
+        )
     caches = model.make_cache()
-    arch = getattr(model, "model_type", None) or "model"
     kinds = sorted(
         {type(c).__name__ for c in caches if type(c) not in (KVCache, RotatingKVCache, ArraysCache)}
     )
@@ -81,16 +100,10 @@ def check_cache_support(model) -> list[int | Recurrent | None]:
             for k in kinds
         )
         raise DctmsError(f"not supported yet: {arch} needs {why}")
-    kept = sorted({c.keep for c in caches if type(c) is RotatingKVCache and c.keep})
-    if kept:
-        raise DctmsError(
-            f"not supported yet: {arch} keeps {kept[0]} tokens in its RotatingKVCache "
-            "(only keep 0 is planned)"
-        )
-    out: list[int | Recurrent | None] = []
+    out: list[Rotating | Recurrent | None] = []
     for c in caches:
         if type(c) is RotatingKVCache:
-            out.append(c.max_size)
+            out.append(Rotating(c.max_size, c.keep))
         elif type(c) is ArraysCache:
             out.append(Recurrent(len(c.cache)))
         else:
@@ -98,11 +111,11 @@ def check_cache_support(model) -> list[int | Recurrent | None]:
     return out
 
 
-def ring_slots(window: int, chunk: int) -> int:
+def ring_slots(window: int, chunk: int, keep: int = 0) -> int:
     """Slots of a sliding-window layer's ring: a whole number of prompt chunks (so a chunk, which
-    starts at a multiple of the chunk, never wraps) holding the window - 1 positions a chunk's first
-    token still sees plus the chunk itself."""
-    return -(-(window - 1) // chunk) * chunk + chunk
+    starts at a multiple of the chunk, never wraps) holding the window - 1 - keep positions a
+    chunk's first token still sees besides the kept ones, plus the chunk itself."""
+    return -(-(window - 1 - keep) // chunk) * chunk + chunk
 
 
 @dataclass(frozen=True)
@@ -173,6 +186,7 @@ class Ring:
 
     window: int
     slots: int
+    keep: int = 0
 
 
 def rings_for(windows: list, chunk: int, capacity: int) -> list:
@@ -184,8 +198,14 @@ def rings_for(windows: list, chunk: int, capacity: int) -> list:
         if isinstance(w, Recurrent) or w is None:
             out.append(w)
             continue
-        slots = ring_slots(w, chunk)
-        out.append(Ring(w, slots) if slots < capacity else None)
+        if w.keep >= w.window or w.keep > chunk:
+            raise DctmsError(
+                f"a rotating cache keeping {w.keep} of {w.window} tokens needs a window above the "
+                f"kept tokens and a prefill chunk of at least {w.keep} (got {chunk})"
+            )
+        slots = ring_slots(w.window, chunk, w.keep)
+        # kept tokens make mlx-lm's visible set depend on its trimming, whatever the capacity
+        out.append(Ring(w.window, slots, w.keep) if w.keep or slots < capacity else None)
     return out
 
 
@@ -242,6 +262,9 @@ class StateLayout:
                 if quant is None:
                     size = ring.slots if ring else capacity
                     arrays.append(StateArray(name, (b, h, size, d), dtype, ring))
+                    if ring and ring.keep:  # the kept tokens, then as many sink slots
+                        keep = (b, h, 2 * ring.keep, d)
+                        arrays.append(StateArray(f"{name}.keep", keep, dtype, ring))
                     continue
                 words = d * quant.bits // 32
                 groups = d // quant.group_size
@@ -274,6 +297,9 @@ class StateLayout:
                 k, v = kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"]
                 if ring is None:
                     out.append(StaticKVCache(k, v, position, window))
+                elif ring.keep:
+                    kept = (kw[f"kv.{i}.keys.keep"], kw[f"kv.{i}.values.keep"])
+                    out.append(KeepRingKVCache(k, v, position, ring, kept))
                 else:
                     out.append(RingKVCache(k, v, position, ring))
             return out
@@ -295,6 +321,8 @@ class StateLayout:
         for c in caches:
             if isinstance(c, StaticArraysCache):
                 out += c.updated()
+            elif isinstance(c, KeepRingKVCache):
+                out += [c.keys, c.kept_keys, c.values, c.kept_values]
             elif self.quant is None:
                 out += [c.keys, c.values]
             else:
@@ -395,6 +423,49 @@ class RingKVCache:
 
     def empty(self) -> bool:
         return False
+
+
+class KeepRingKVCache(RingKVCache):
+    """mlx-lm's ``RotatingKVCache(max_size=W, keep=K)``, K > 0 (``--max-kv-size``): the ring as in
+    ``RingKVCache`` plus the first K tokens in their own arrays (K slots, then K sink slots that a
+    write at min(position, K) lands in once the kept ones are written).
+
+    Which tokens a query sees follows mlx-lm's buffer exactly. A decode step at p sees the kept
+    tokens and the last W - K positions. A prompt chunk at p0 < W sees the window (q - W, q]. Once
+    p0 >= W, mlx-lm has trimmed its buffer to the kept tokens and the last W - 1 - K positions
+    before appending the chunk, and masks by buffer index: query i of the chunk sees the positions
+    >= max(q - W + 1, p0 - W + 1 + K) and the kept tokens at index >= i."""
+
+    def __init__(self, keys, values, position, ring: Ring, kept: tuple[mx.array, mx.array]):
+        super().__init__(keys, values, position, ring)
+        self.kept_keys, self.kept_values = kept
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        keep = self.ring.keep
+        start = mx.minimum(self.offset, keep).reshape(1)
+        first = (lambda x: x[:, :, :keep]) if k.shape[2] > 1 else (lambda x: x)
+        self.kept_keys = mx.slice_update(self.kept_keys, first(k), start, axes=(2,))
+        self.kept_values = mx.slice_update(self.kept_values, first(v), start, axes=(2,))
+        ring_k, ring_v = super().update_and_fetch(k, v)
+        keys = mx.concatenate([self.kept_keys[:, :, :keep], ring_k], axis=2)
+        values = mx.concatenate([self.kept_values[:, :, :keep], ring_v], axis=2)
+        return keys, values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        w, keep, slots = self.ring.window, self.ring.keep, self.ring.slots
+        queries = self.offset + mx.arange(n)
+        last = mx.max(queries)
+        held = last - mx.remainder(last - mx.arange(slots), slots)
+        q, held, kept = queries[:, None], held[None], mx.arange(keep)[None]
+        ring = (held >= keep) & (held <= q)
+        if n == 1:  # mlx-lm's in-place update: the kept tokens and the last W - K positions
+            return mx.concatenate([kept <= q, ring & (held > q - w + keep)], axis=1)
+        trimmed = self.offset >= w
+        index = mx.arange(n)[:, None]
+        kept_mask = mx.where(trimmed, kept >= index, kept > q - w) & (kept <= q)
+        oldest = mx.where(trimmed, self.offset - w + 1 + keep, 0)
+        ring = ring & (held > q - w) & (held >= oldest)
+        return mx.concatenate([kept_mask, ring], axis=1)
 
 
 def _recurrent_arrays(layer: int, probe) -> list[StateArray]:

@@ -80,6 +80,7 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
         "kv_bits": "--kv-bits",
         "kv_group_size": "--kv-group-size",
         "quantized_kv_start": "--quantized-kv-start",
+        "max_kv_size": "--max-kv-size",
     }
     for name, flag in flags.items():
         value = getattr(request, name)

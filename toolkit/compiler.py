@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import mlx.core as mx
 import msgspec
@@ -120,6 +121,14 @@ class CompileOptions:
     kv_bits: int | None = None
     kv_group_size: int = 64
     quantized_kv_start: int = 0
+    # mlx-lm's max_kv_size: every layer a RotatingKVCache(max_kv_size, keep=4) (models without
+    # their own make_cache, as mlx-lm); None: the full cache.
+    max_kv_size: int | None = None
+    # One rank of a model split over ``ranks`` processes by mlx-lm (toolkit.distributed).
+    ranks: int = 1
+    rank: int = 0
+    parallel: str | None = None
+    split: tuple[int, ...] | None = None
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -182,6 +191,8 @@ def compile_plan(
         source, opts, settings, part.traced, part.capacity, part.weights, state, phases, envelope
     )
     plan = attach_modules(plan, part.traced.phases)
+    if part.rank is not None:
+        plan = part.rank.annotate(plan)
     self_check(plan)
     return plan
 
@@ -195,6 +206,7 @@ class ModelPart:
     weights: Weights
     phases: list[Phase]
     state: list[StateTensor]
+    rank: Any = None  # the rank's model as mlx-lm split it (toolkit.distributed.Rank), when one
 
 
 # More phases traced with a model's tracer (speculative decoding's verify): called with the tracer,
@@ -215,9 +227,12 @@ def plan_model(
 ) -> ModelPart:
     """Trace one model and plan each of its phases (``pack_seconds``: their packing budget, by
     default ``opts.pack_seconds``); ``extra_positions`` enlarges the KV cache beyond N + M."""
+    ranked: list = []
     traced, capacity, fits = trace_source(
-        source.config, headers, opts, settings, say, extra_positions, more_phases
+        source.config, headers, opts, settings, say, extra_positions, more_phases, ranked
     )
+    if ranked:
+        headers = ranked[0].headers(headers)
     weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
     ridge = ridge_point(settings.profile)
     budget = opts.pack_seconds if pack_seconds is None else pack_seconds
@@ -237,7 +252,14 @@ def plan_model(
                 say,
             )
         )
-    return ModelPart(traced, capacity, weights, phases, state_tensors(traced, settings.allocator_slack))
+    return ModelPart(
+        traced,
+        capacity,
+        weights,
+        phases,
+        state_tensors(traced, settings.allocator_slack),
+        ranked[0] if ranked else None,
+    )
 
 
 def check_cast_overshoot(weights: Weights, envelope) -> None:
@@ -277,15 +299,25 @@ def trace_source(
     say: Callable[[str], None],
     extra_positions: int = 0,
     more_phases: MorePhases | None = None,
+    ranked: list | None = None,
 ) -> tuple[Traced, int, dict[str, LengthFit]]:
     """Pass 1: build the model with lazy weights, trace both phases at their largest lengths and
     (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one).
-    ``extra_positions``: cache positions beyond N + M; ``more_phases``: phases traced besides."""
+    ``extra_positions``: cache positions beyond N + M; ``more_phases``: phases traced besides.
+    With ``opts.ranks`` > 1 the model is that rank's and ``ranked`` receives it."""
     say(f"building {config.get('model_type')} {settings.dtype} model (lazy weights)")
     stored = {h.name: h.dtype for h in headers} if headers else None
     # As mlx-lm loads them: every weight in the dtype it is stored in, unless --dtype casts.
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
-    windows = caches.check_cache_support(model)
+    rank = None
+    if opts.ranks > 1 or opts.parallel is not None:
+        from dctms.toolkit.distributed import rank_spec, split_model
+
+        rank = split_model(model, rank_spec(opts))
+        say(f"rank {opts.rank} of {opts.ranks} ({opts.parallel}): layers {rank.layers}")
+        if ranked is not None:
+            ranked.append(rank)
+    windows = caches.check_cache_support(model, opts.max_kv_size)
     num_layers = len(windows)
     chunk = settings.prefill_chunk
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
@@ -293,9 +325,14 @@ def trace_source(
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
     quant = caches.kv_quantization(opts)
     rings = caches.rings_for(windows, chunk, capacity)
-    tracer = PhaseTracer(
-        model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
-    )
+    if rank is None:
+        tracer = PhaseTracer(
+            model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
+        )
+    else:
+        tracer = rank.tracer(
+            num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
+        )
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     prefill = tracer.prefill(chunk, prompt_window, paths=True)

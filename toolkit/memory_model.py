@@ -241,7 +241,15 @@ def op_memory(
             if not _matmul_friendly(lay)
         )
         return OpMemory((Effect("alloc", None, row_major(shape)),), scratch, 2)
+    if primitive == "Send":
+        # mlx.distributed's Send: the output shares the input's buffer; a non-row-contiguous input
+        # is sent from a contiguous temporary (backend/cpu/distributed.cpp).
+        src = inputs[0]
+        scratch = 0 if src.row else nbytes(src.shape, input_dtypes[0])
+        # One dispatch as for every view (fewer dispatches can only widen the run-ahead).
+        return OpMemory((Effect("view", 0, src),), scratch, 1)
     if primitive in (
+        "AllGather",  # gathers from a row-contiguous copy of its input
         "QuantizedMatmul",
         "Quantize",  # fast::Quantize (a quantised KV cache's writes): ensure_row_contiguous
         "GatherQMM",

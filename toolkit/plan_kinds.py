@@ -28,6 +28,7 @@ class Images:
     images: int
     height: int
     width: int
+    overlap: bool = False  # --overlap: vision calls on a second MLX stream beside prefill
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ def compile_kind(
         from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
 
         i = kind.images
-        return compile_vlm_plan(source, opts, VisionOptions(i.images, i.height, i.width), progress)
+        vision = VisionOptions(i.images, i.height, i.width, overlap=i.overlap)
+        return compile_vlm_plan(source, opts, vision, progress)
     if kind.draft is not None:
         from dctms.toolkit.speculative import compile_speculative
 
@@ -70,7 +72,7 @@ def kind_of(request: CompileRequest) -> PlanKind:
     images = None
     if request.vision is not None:
         v = request.vision
-        images = Images(v.images, v.height, v.width)
+        images = Images(v.images, v.height, v.width, v.overlap)
     draft = None
     if request.draft_config is not None:
         config = request.draft_config
@@ -84,6 +86,7 @@ def kind_flags(request: CompileRequest, draft: str = "DRAFT") -> list[str]:
     if request.vision is not None:
         v = request.vision
         words += ["--images", str(v.images), "--image-size", f"{v.height}x{v.width}"]
+        words += ["--overlap"] if v.overlap else []
     if request.draft_config is not None:
         words += ["--draft", draft]
         if request.num_draft != DEFAULT_NUM_DRAFT:

@@ -69,6 +69,8 @@ def compile_speculative(
         raise DctmsError(f"--num-draft must be between 1 and {MAX_DRAFT}, got {num_draft}")
     if opts.batch != 1:
         raise DctmsError(f"speculative decoding is planned for batch 1, got --batch {opts.batch}")
+    if opts.kv_bits is not None:
+        raise DctmsError("--draft: not supported yet with --kv-bits (a quantised KV cache)")
     for source in (target, draft):
         limits.check_config(source.config)
     check_same_vocabulary(target, draft)
@@ -94,6 +96,8 @@ def compile_speculative(
     d_part = plan_model(
         draft, d_headers, opts, d_settings, say, extra_positions=num_draft, pack_seconds=2 * share
     )
+    for name, part, phases in (("target", t_part, TARGET_PHASES), ("draft", d_part, DRAFT_PHASES)):
+        check_plain_cache(name, part, phases)
     if d_part.traced.vocab_size != t_part.traced.vocab_size:
         raise DctmsError(_vocab_message(t_part.traced.vocab_size, d_part.traced.vocab_size))
     parts = [_part(TARGET, t_part), _part(DRAFT, d_part)]
@@ -126,6 +130,28 @@ def compile_speculative(
     plan = attach_modules(plan, t_part.traced.phases)  # the target's module paths
     self_check(plan)
     return plan
+
+
+TARGET_PHASES = ("prefill", "decode", VERIFY)
+DRAFT_PHASES = ("prefill", "decode")
+
+
+def check_plain_cache(name: str, part: ModelPart, phases: tuple[str, ...]) -> None:
+    """Rewinding by the write position needs a full KV cache on every layer (keys and values of
+    every position): refuse sliding windows, recurrent state and extra phases they bring."""
+    extra = [p.name for p in part.phases if p.name not in phases]
+    odd = [
+        s.name
+        for s in part.state
+        if s.kind == "kv"
+        and (not s.name.endswith((".keys", ".values")) or s.shape[2:3] != [part.capacity])
+    ]
+    if extra or odd:
+        what = f"phase {extra[0]}" if extra else f"state {odd[0]}"
+        raise DctmsError(
+            f"--draft: not supported yet: the {name} needs {what}; speculative decoding is "
+            "planned for models with a full KV cache on every layer"
+        )
 
 
 def check_same_vocabulary(target: ModelFolder, draft: ModelFolder) -> None:
@@ -204,6 +230,10 @@ def trace_verify(tracer: PhaseTracer, tokens: int, window: int) -> TracedPhase:
     if tracer.layout.quant is not None:
         raise DctmsError(
             "--draft with --kv-bits: a quantised KV cache is not planned for speculative decoding yet"
+        )
+    if any(tracer.layout.rings):
+        raise DctmsError(
+            "--draft: speculative decoding over a sliding-window or recurrent cache is not planned yet"
         )
 
     def fn(tokens_, position, **kw):

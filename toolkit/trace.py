@@ -237,9 +237,11 @@ class _ProbeCache:
     def __init__(self) -> None:
         self.offset = 0
         self.shapes: tuple | None = None
+        self.keys: mx.array | None = None  # read back by mlx-lm's pipeline stages (mx.depends)
 
     def update_and_fetch(self, k: mx.array, v: mx.array):
         self.shapes = (tuple(k.shape), tuple(v.shape), k.dtype)
+        self.keys = k
         return k, v
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
@@ -378,7 +380,9 @@ class PhaseTracer:
         ]
         decode = next(p for p in phases if p.name == "decode")
         vocab = _vocab_size(self.model, decode)
-        rings = {a.name: (a.ring.window, a.ring.slots) for a in self.layout.arrays if a.ring}
+        rings = {
+            a.name: (a.ring.window, a.ring.slots, a.ring.keep) for a in self.layout.arrays if a.ring
+        }
         recurrent = tuple(a.name for a in self.layout.arrays if a.recurrent)
         return Traced(phases, weight_bindings, self.kv, self.num_layers, vocab, rings, recurrent)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from types import SimpleNamespace
 
 import msgspec
 
@@ -25,7 +26,7 @@ from dctms.schema.types import (
     VisionRequest,
     VisionVariant,
 )
-from dctms.schema.vision_bytes import call_input_bytes
+from dctms.schema.vision_bytes import intermediate_need
 from dctms.toolkit import compiler as text
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.profiles import ridge_point
@@ -40,6 +41,7 @@ class VisionOptions:
     images: int  # K: most images per call
     height: int  # the largest image after the model's own preprocessing
     width: int
+    overlap: bool = False  # vision calls on a second MLX stream, overlapping prefill
 
 
 def parse_image_size(text_value: str) -> tuple[int, int]:
@@ -128,13 +130,19 @@ def compile_vlm_plan(
         weights=weights.total_bytes,
         kv=sum(s.bytes for s in state if s.kind == "kv"),
         persistent=sum(s.bytes for s in state if s.kind == "persistent"),
-        intermediate=max(p.arena_bytes + p.slack_bytes + _transient(p, names, slack) for p in phases),
+        intermediate=intermediate_need(
+            SimpleNamespace(
+                phases=phases,
+                vision=SimpleNamespace(variants=variants, overlap=vision.overlap),
+                target=SimpleNamespace(allocator_slack=slack),
+            )
+        ),
         backend=settings.backend,
         device_memory=opts.device_memory,
         cache_enabled=settings.allocator_slack > 0,
     )
     plan = text.emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
-    request = VisionRequest(vision.images, vision.height, vision.width)
+    request = VisionRequest(vision.images, vision.height, vision.width, vision.overlap)
     plan = msgspec.structs.replace(
         plan,
         compile=CompileRequest(config=config, **asdict(opts), vision=request),
@@ -149,8 +157,9 @@ def compile_vlm_plan(
             image_token_id=family.image_token_id(config),
             variants=variants,
             mrope=family.mrope,
+            overlap=vision.overlap,
             streams=[
-                Stream("vision", [v.phase for v in variants]),
+                Stream("vision", [v.phase for v in variants], 1 if vision.overlap else 0),
                 Stream("text", ["prefill", "decode"]),
                 Stream("output", ["prefill", "decode"]),
             ],
@@ -158,11 +167,6 @@ def compile_vlm_plan(
     )
     text.self_check(plan)
     return plan
-
-
-def _transient(phase, variants: set[str], slack: int) -> int:
-    """A vision call's own inputs, counted with its arena (see dctms.schema.vision_bytes)."""
-    return call_input_bytes(phase, slack) if phase.name in variants else 0
 
 
 def _state(traced, variants: set[str], slack: int):

@@ -12,6 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from dctms.figures.overview import PARTS_RULE
 from dctms.figures.units import MIB, human
 from dctms.schema.types import Plan
 
@@ -142,6 +145,7 @@ def fit_summary(result: FitResult, plan: Plan, searched: str, elapsed: float) ->
             "total": e.total,
             "free": result.budget - e.total,
         },
+        **({"parts": msgspec.to_builtins(e.parts)} if e.parts else {}),
         "capped": result.capped,
         "cap": result.cap,
         "next_value_total": None if over is None else over.total,
@@ -187,6 +191,15 @@ def fit_text(summary: dict[str, Any], model: str, cap_reason: str) -> str:
         f"{'memory envelope':<20} {'bytes':>18} {'MiB':>12}",
     ]
     lines += [f"  {name:<18} {v:>18,} {v / MIB:>12,.2f}" for name, v in rows]
+    for part in summary.get("parts", []):  # a speculative plan: each model's share
+        share = sum(part[k] for k in ("weights", "kv", "persistent", "intermediate"))
+        lines.append(
+            f"  {part['model'] + ' part':<18} {share:>18,} {share / MIB:>12,.2f}  (weights "
+            f"{part['weights']:,}, kv {part['kv']:,}, persistent {part['persistent']:,}, "
+            f"intermediate {part['intermediate']:,})"
+        )
+    if summary.get("parts"):
+        lines.append(f"  ({PARTS_RULE})")
     lines += [
         "",
         f"{summary['compiles']} compiles in {summary['seconds']:.1f} s "

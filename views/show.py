@@ -6,17 +6,35 @@ The rows are ``dctms.figures.overview``'s (the inspector's Overview draws the sa
 from __future__ import annotations
 
 from dctms.figures.lengths import grid_steps_text, grid_text
-from dctms.figures.overview import arena_rows, bounds_rows, envelope_rows, header, slack_by_phase
+from dctms.figures.overview import (
+    PARTS_RULE,
+    arena_rows,
+    bounds_rows,
+    envelope_rows,
+    header,
+    model_part_rows,
+    slack_by_phase,
+    speculative_line,
+)
 from dctms.figures.overview import table1 as table1_figures
 from dctms.figures.units import MIB
+from dctms.figures.vision import stream_rows
 from dctms.schema.types import Plan
+from dctms.views.ranks import rank_section
 
 
 def show_text(plan: Plan) -> str:
     """The summary ``dctms show PLAN`` prints (ends with a newline)."""
     sections = [_header(plan), _bounds(plan), _envelope(plan), _table1(plan), _arena(plan)]
+    if plan.draft is not None:
+        sections.insert(3, _models(plan))
+    ranked = rank_section(plan)
+    if ranked is not None:
+        sections.insert(1, ranked)
     if any(p.lengths for p in plan.phases):
         sections.append(_lengths(plan))
+    if plan.vision is not None:
+        sections.append(_vision(plan))
     return "\n\n".join(sections) + "\n"
 
 
@@ -38,6 +56,24 @@ def _envelope(plan: Plan) -> str:
     for row in envelope_rows(plan):
         note = f"  ({row.note})" if row.note else ""
         lines.append(f"  {row.name:<18} {row.bytes:>18,} {row.bytes / MIB:>12.2f}{note}")
+    return "\n".join(lines)
+
+
+def _models(plan: Plan) -> str:
+    """The envelope's parts per model (speculative plans)."""
+    lines = [
+        speculative_line(plan),
+        f"  {'model':<8} {'architecture':<14} {'layers':>6} {'weights':>14} {'kv':>12} "
+        f"{'persistent':>11} {'intermediate':>13} {'MiB':>10}",
+    ]
+    for r in model_part_rows(plan):
+        arch = r.architecture if r.model != "plan" else "sum; max"
+        layers = str(r.num_layers) if r.model != "plan" else ""
+        lines.append(
+            f"  {r.model:<8} {arch:<14} {layers:>6} {r.weights:>14,} {r.kv:>12,} "
+            f"{r.persistent:>11,} {r.intermediate:>13,} {r.provable / MIB:>10.2f}"
+        )
+    lines.append(f"  ({PARTS_RULE})")
     return "\n".join(lines)
 
 
@@ -72,7 +108,9 @@ def _lengths(plan: Plan) -> str:
         if p.lengths is None:
             lines.append(f"  {p.name:<10} fixed: every call padded to the planned shapes")
             continue
-        varies = ", ".join(f"{n} <= {b}" for n, b in zip(p.lengths.names, p.lengths.bound, strict=True))
+        varies = ", ".join(
+            f"{n} <= {b}" for n, b in zip(p.lengths.names, p.lengths.bound, strict=True)
+        )
         places = sum(len(f.at) for f in p.lengths.affine)
         lines.append(
             f"  {p.name:<10} {varies}; {len(p.lengths.points)} verified points, "
@@ -80,4 +118,24 @@ def _lengths(plan: Plan) -> str:
         )
         lines.append(f"  {'':<10} grid: {grid_text(p)}")
     lines.append(f"  grid steps: {grid_steps_text(plan)}")
+    return "\n".join(lines)
+
+
+def _vision(plan: Plan) -> str:
+    """A vision-language plan's image bounds and its streams."""
+    v = plan.vision
+    sizes = f"{len(v.variants)} size(s) up to {v.image_size[0]}x{v.image_size[1]}"
+    lines = [
+        f"vision-language ({v.family}, {v.resolution} resolution): at most {v.images} images, "
+        f"{sizes}, at most {v.tokens_per_image} tokens each; features table {v.feature_rows} x "
+        f"{v.hidden_size}",
+        "  streams: "
+        + ("overlapped (one call of each at once)" if v.overlap else "taking turns (serial)"),
+    ]
+    for row in stream_rows(plan):
+        phases = ", ".join(row.phases) if len(row.phases) <= 4 else (
+            f"{row.phases[0]} ... {row.phases[-1]} ({len(row.phases)} phases)"
+        )
+        call = f"; largest call {row.largest_call:,} bytes" if row.largest_call else ""
+        lines.append(f"  {row.name:<8} MLX stream {row.mlx_stream}: {phases}{call}")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dctms.figures.units import human
+from dctms.figures.vision import stream_of
 from dctms.schema.modules import op_modules, path_layer
 from dctms.schema.phase_index import build_index
 from dctms.schema.sizes import align_up, is_arena_tenant
@@ -39,6 +40,7 @@ def trace_document(plan: Plan) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     for pid, phase in enumerate(plan.phases, start=1):
         events += phase_events(plan, phase, pid)
+    _name_streams(plan, events)
     m, b, e = plan.model, plan.bounds, plan.envelope
     return {
         "traceEvents": events,
@@ -233,3 +235,14 @@ def _counters(phase: Phase, pid: int, alignment: int) -> list[dict[str, Any]]:
                 )
                 previous = value
     return events
+
+
+def _name_streams(plan: Plan, events: list[dict[str, Any]]) -> None:
+    """A vision-language plan's phases are processes named with their stream (vision, text) and
+    MLX stream, so the viewer shows the streams as separate groups of tracks."""
+    streams = stream_of(plan)
+    names = {pid: phase.name for pid, phase in enumerate(plan.phases, start=1)}
+    for ev in events:
+        if ev.get("name") == "process_name" and names.get(ev["pid"]) in streams:
+            stream, mlx = streams[names[ev["pid"]]]
+            ev["args"]["name"] += f" [{stream} stream, MLX stream {mlx}]"

@@ -25,7 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="model folder or config.json")
     p.add_argument("-N", "--input-tokens", type=int, required=True, help="longest prompt (tokens)")
     p.add_argument("-M", "--output-tokens", type=int, required=True, help="most generated tokens")
-    p.add_argument("-o", "--output", metavar="PLAN", help="plan file to write (default: stdout)")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="PLAN",
+        help="plan file to write (default: stdout); with --ranks, a folder for rank<r>.plan",
+    )
     add_compile_options(p, memory_required=False)
     add_plan_kind_options(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -39,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     from dctms.cli.inputs import model_inputs
     from dctms.schema.output import reserve_output
 
+    if args.ranks > 1 or args.parallel is not None:
+        from dctms.cli.distributed import compile_ranks_command
+
+        return compile_ranks_command(args)
     if not args.output or args.output == "-":
         if args.output == "":
             raise DctmsError("-o '': empty path (use - for stdout)")

@@ -49,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         folder = prepare(model, say)
     except FetchError as err:
-        say(f"{err}, and no copy is cached in {model.root}: "
-            "falling back to the tiny random-weight model")
+        say(
+            f"{err}, and no copy is cached in {model.root}: "
+            "falling back to the tiny random-weight model"
+        )
         return run_tiny(args)
     return run_real(args, folder, model.root / "demo.plan")
 
@@ -72,8 +74,10 @@ def run_real(args: argparse.Namespace, folder: Path, plan_path: Path) -> int:
         return code
     print(f"\nquestion: {question}")
     print(f"answer:   {(report.get('text') or '').strip()}")
-    print(f"({len(report['prompt_tokens'])} prompt tokens through the chat template, "
-          f"{len(report['tokens'])} generated, greedy)")
+    print(
+        f"({len(report['prompt_tokens'])} prompt tokens through the chat template, "
+        f"{len(report['tokens'])} generated, greedy)"
+    )
     return code
 
 
@@ -115,8 +119,18 @@ def _run_plan(plan_path: Path, folder: Path, extra: list[str]) -> tuple[int, dic
     (stderr) goes straight to the terminal, the text (stdout) is captured and shown after."""
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "dctms.cli.main", "run", str(plan_path), "--model",
-               str(folder), "--report", str(report_path), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dctms.cli.main",
+            "run",
+            str(plan_path),
+            "--model",
+            str(folder),
+            "--report",
+            str(report_path),
+            *extra,
+        ]
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         if proc.returncode not in (0, 3) or not report_path.exists():
             return proc.returncode or 1, None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from dctms.schema.errors import DctmsError
 
@@ -25,8 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "than a --fail-above threshold or NEW's M_max exceeds --budget, 2 for bad input."
         ),
     )
-    p.add_argument("old", metavar="OLD", help="plan before the change (e.g. the base branch's)")
-    p.add_argument("new", metavar="NEW", help="plan after the change")
+    p.add_argument(
+        "old",
+        metavar="OLD",
+        help="plan before the change (e.g. the base branch's); or a folder of rank plans",
+    )
+    p.add_argument("new", metavar="NEW", help="plan after the change (a folder when OLD is one)")
     p.add_argument(
         "--format",
         choices=["text", "markdown", "json"],
@@ -60,17 +65,30 @@ def run(args: argparse.Namespace) -> int:
         budget = parse_size(args.budget) if args.budget is not None else None
     except DctmsError as err:
         raise DctmsError(f"--budget: {err}") from None
-    old, new = read_plan(args.old), read_plan(args.new)
     labels = (args.old_label or args.old, args.new_label or args.new)
-    data = diff_data(old, new, *labels, thresholds, budget)
-    if args.format == "json":
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-    elif args.format == "markdown":
-        sys.stdout.write(diff_markdown(data))
+    if Path(args.old).is_dir() and Path(args.new).is_dir():  # two folders of rank plans
+        from dctms.schema.ranks import read_rank_plans
+
+        olds, news = read_rank_plans(args.old), read_rank_plans(args.new)
+        if len(olds) != len(news):
+            raise DctmsError(f"{args.old} has {len(olds)} ranks, {args.new} has {len(news)}")
+        pairs = [
+            (f"rank {r}", diff_data(o, n, *(f"{x} rank {r}" for x in labels), thresholds, budget))
+            for r, (o, n) in enumerate(zip(olds, news, strict=True))
+        ]
     else:
-        sys.stdout.write(diff_text(data))
-    if not data["verdict"]["ok"]:
+        pairs = [
+            ("", diff_data(read_plan(args.old), read_plan(args.new), *labels, thresholds, budget))
+        ]
+    if args.format == "json":
+        doc = pairs[0][1] if len(pairs) == 1 else {"ranks": [d for _, d in pairs]}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        render = diff_markdown if args.format == "markdown" else diff_text
+        sys.stdout.write("\n".join(render(d) for _, d in pairs))
+    failed = False
+    for name, data in pairs:
         for failure in data["verdict"]["failures"]:
-            print(f"dctms diff: {failure}", file=sys.stderr)
-        return 1
-    return 0
+            print(f"dctms diff: {name + ': ' if name else ''}{failure}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0

@@ -134,6 +134,7 @@ def _write(target, plan, args, source, kind) -> None:
 def _run(args: argparse.Namespace, target) -> int:
     from dctms.figures.units import human
     from dctms.schema.model_folder import open_model
+    from dctms.toolkit.distributed import widest_rank
     from dctms.toolkit.plan_kinds import compile_kind
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
@@ -148,8 +149,14 @@ def _run(args: argparse.Namespace, target) -> int:
     if args.prompt_tokens is not None and args.prompt_tokens < 1:
         raise DctmsError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
     chunks = _chunks(args)
+    if args.ranks > 1 and (args.split == "memory" or target is not None):
+        raise DctmsError(
+            "fit --ranks: --split memory and -o are for dctms compile --ranks at the fit"
+        )
     source = open_model(args.model)
     kind = plan_kind(args)
+    if args.ranks > 1 and kind.name != "text":
+        raise DctmsError(f"not supported yet: fit --ranks of a {kind.name} plan")
     limit = max_positions(source.config)
     cap = DEFAULT_CAP if limit is None else limit - fixed
     cap_reason = (
@@ -178,7 +185,11 @@ def _run(args: argparse.Namespace, target) -> int:
             # Probes skip the real-length points (they do not change the envelope); the plan
             # written with -o is compiled with them (_write).
             opts = replace(compile_options(args, n, m, prefill_chunk=chunk), real_lengths=False)
-            plan = compile_kind(source, opts, kind)
+            # --ranks: the budget is per rank, so a probe's M_max is its largest rank's.
+            if opts.ranks == 1:
+                plan = compile_kind(source, opts, kind)
+            else:
+                plan = widest_rank(source, opts)
             total = plan.envelope.total
             if total <= budget and value > max(fitting, default=0):
                 fitting.clear()

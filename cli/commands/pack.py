@@ -120,5 +120,3 @@ def _read_text(path: Path) -> str:
         raise DctmsError(f"{path}: not UTF-8 text") from None
     except OSError as err:
         raise DctmsError(f"{path}: cannot read: {err.strerror or err}") from None
-
-

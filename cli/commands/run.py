@@ -33,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="PNG/JPEG image for a vision-language plan (repeatable; with --prompt)",
     )
     p.add_argument(
+        "--serial",
+        action="store_true",
+        help="vision-language plan compiled with --overlap: encode every image before prefill",
+    )
+    p.add_argument(
         "--draft-model",
         metavar="DIR",
         help="speculative decoding with this draft model (the plan must be compiled with --draft)",
@@ -53,12 +58,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--system-prompt", metavar="TEXT", help="system message before the prompt (chat template)"
     )
+    dist = p.add_argument_group("distributed (see README Distributed)")
+    dist.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        metavar="R",
+        help="PLAN is the folder `dctms compile --ranks R` wrote: run its R rank plans under "
+        "mlx.launch (local ring ranks by default) and check every rank",
+    )
+    dist.add_argument("--hostfile", metavar="FILE", help="mlx.launch hostfile (several machines)")
+    dist.add_argument(
+        "--backend",
+        dest="launch_backend",
+        help="mlx.launch backend (default ring; with --hostfile, the hostfile's own)",
+    )
+    dist.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="a rank waiting longer than S seconds for the others stops with a message (120)",
+    )
+    dist.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)
+    dist.add_argument("--rank-reports", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dctms.cli.inputs import model_inputs
     from dctms.schema.output import reserve_output
+
+    if args.ranks != 1 or args.launched:
+        from dctms.cli.distributed import run_ranks_command
+
+        return run_ranks_command(args)
 
     if args.report is None:
         return _run(args, None)
@@ -78,10 +112,7 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.runner.load import load_checked_plan
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, report_bytes
-    from dctms.runner.request import validate_request
     from dctms.runner.session import Session
-    from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids, parse_token_list
-    from dctms.schema.errors import DctmsError
     from dctms.schema.model_folder import open_model_folder
 
     plan = load_checked_plan(args.plan)
@@ -90,24 +121,8 @@ def _run(args: argparse.Namespace, target) -> int:
         from dctms.cli.run_vision import run_vision
 
         return run_vision(args, plan, model, target)
-    if args.prompt is not None:
-        try:
-            args.prompt.encode("utf-8")
-        except UnicodeEncodeError:
-            raise DctmsError("--prompt is not valid UTF-8 text") from None
-    tokenizer = None
-    if args.prompt is not None or (model.path / "tokenizer.json").is_file():
-        tokenizer = Tokenizer(model.path)
-    if args.prompt is None:
-        prompt = parse_token_list(args.tokens)
-    elif args.ignore_chat_template:
-        prompt = tokenizer.encode(args.prompt)
-    else:
-        # As mlx_lm.generate: the chat template with a user message, when the tokenizer has one.
-        prompt = encode_chat(tokenizer, args.prompt, args.system_prompt)
-    max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
-    stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
-    request = validate_request(plan, prompt, max_tokens, stop)
+    request, tokenizer = prompt_request(args, plan, model)
+    prompt = list(request.prompt)
     draft = open_model_folder(args.draft_model) if args.draft_model else None
     with RssSampler() as rss:
         recorded = None
@@ -145,6 +160,32 @@ def _run(args: argparse.Namespace, target) -> int:
         )
         return EXIT_OVER_ENVELOPE
     return 0
+
+
+def prompt_request(args: argparse.Namespace, plan, model):
+    """The validated request (and the tokenizer, when one is used) that the prompt options ask for."""
+    from dctms.runner.request import validate_request
+    from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids, parse_token_list
+    from dctms.schema.errors import DctmsError
+
+    if args.prompt is not None:
+        try:
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DctmsError("--prompt is not valid UTF-8 text") from None
+    tokenizer = None
+    if args.prompt is not None or (model.path / "tokenizer.json").is_file():
+        tokenizer = Tokenizer(model.path)
+    if args.prompt is None:
+        prompt = parse_token_list(args.tokens)
+    elif args.ignore_chat_template:
+        prompt = tokenizer.encode(args.prompt)
+    else:
+        # As mlx_lm.generate: the chat template with a user message, when the tokenizer has one.
+        prompt = encode_chat(tokenizer, args.prompt, args.system_prompt)
+    max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
+    stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
+    return validate_request(plan, prompt, max_tokens, stop), tokenizer
 
 
 def speculative_summary(gen) -> dict:

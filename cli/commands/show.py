@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import msgspec
 
@@ -23,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "validated first."
         ),
     )
-    parser.add_argument("plan", metavar="PLAN", help="plan file")
+    parser.add_argument(
+        "plan", metavar="PLAN", help="plan file, or the folder of rank plans compile --ranks wrote"
+    )
     parser.add_argument(
         "--json",
         action="store_true",
@@ -33,14 +36,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if Path(args.plan).is_dir():  # the rank plans `dctms compile --ranks` wrote
+        from dctms.schema.ranks import read_rank_plans
+        from dctms.views.ranks import rank_table
+
+        plans = read_rank_plans(args.plan)
+        if args.json:
+            doc = {
+                "ranks": [
+                    dict(_summary(p), distributed=msgspec.to_builtins(p.distributed)) for p in plans
+                ]
+            }
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        else:
+            texts = [rank_table(plans)] + [show_text(p) for p in plans]
+            sys.stdout.write("\n\n".join(t.rstrip("\n") for t in texts) + "\n")
+        return 0
     plan = read_plan(args.plan)
     if args.json:
-        summary = {
-            "envelope": msgspec.to_builtins(plan.envelope),
-            "stats": msgspec.to_builtins(plan.stats),
-            "bounds": msgspec.to_builtins(plan.bounds),
-        }
-        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        sys.stdout.write(json.dumps(_summary(plan), indent=2) + "\n")
     else:
         sys.stdout.write(show_text(plan))
     return 0
+
+
+def _summary(plan) -> dict:
+    return {
+        "envelope": msgspec.to_builtins(plan.envelope),
+        "stats": msgspec.to_builtins(plan.stats),
+        "bounds": msgspec.to_builtins(plan.bounds),
+    }

@@ -11,7 +11,15 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from dctms.figures.explain import explain
-from dctms.figures.overview import arena_rows, bounds_rows, header, table1
+from dctms.figures.overview import (
+    PARTS_RULE,
+    arena_rows,
+    bounds_rows,
+    header,
+    model_part_rows,
+    speculative_line,
+    table1,
+)
 from dctms.figures.roofline import (
     phase_lines,
     plan_roofline,
@@ -41,6 +49,8 @@ class OverviewScreen(InspectorScreen):
             yield Static("[b]Memory envelope[/b]", classes="section")
             yield EnvelopeBar(plan.envelope, id="envelope")
             yield Static("[dim]findings: computing...[/dim]", id="findings", classes="figure")
+            if plan.draft is not None:
+                yield Static(self._models(), id="models", classes="figure")
             with Horizontal(id="figures"):
                 yield Static(self._bounds(), id="bounds", classes="figure")
                 yield Static(self._table1(), id="table1", classes="figure")
@@ -67,6 +77,26 @@ class OverviewScreen(InspectorScreen):
         table.add_column()
         for name, value in bounds_rows(self.inspection.plan):
             table.add_row(name, value)
+        return table
+
+    def _models(self) -> Table:
+        """The envelope's parts per model (a speculative plan: target and draft)."""
+        plan = self.inspection.plan
+        table = Table(
+            title=speculative_line(plan), title_justify="left", caption=PARTS_RULE, box=None
+        )
+        for name in ("model", "architecture", "layers"):
+            table.add_column(name)
+        for name in ("weights", "kv", "persistent", "intermediate", "provable"):
+            table.add_column(name, justify="right")
+        for r in model_part_rows(plan):
+            plan_row = r.model == "plan"
+            table.add_row(
+                r.model,
+                "sum; max" if plan_row else r.architecture,
+                "" if plan_row else str(r.num_layers),
+                *(human(v) for v in (r.weights, r.kv, r.persistent, r.intermediate, r.provable)),
+            )
         return table
 
     def _table1(self) -> Table:
