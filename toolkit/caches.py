@@ -20,6 +20,7 @@ attends over its own float keys and values.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -158,15 +159,24 @@ def kv_storage(dtype: str, opts) -> KVStorage:
     )
 
 
-def start_phases(tracer: PhaseTracer, quant, chunk: int, capacity: int) -> list[TracedPhase]:
+def start_phases(
+    tracer: PhaseTracer, quant, chunk: int, capacity: int, paths: dict | None = None
+) -> list[TracedPhase]:
     """The float phases of a quantised cache: the first call's (own keys only) with a start of 0,
-    else prompt pieces and decode steps over the float cache, up to its last position."""
+    else prompt pieces and decode steps over the float cache, up to its last position.
+    ``paths``: the keywords that ask the tracer for module paths."""
     if quant is None:
         return []
+    paths = paths or {}
     if not quant.start:
-        return [tracer.prefill(chunk, chunk, PREFILL_START)]
+        return [tracer.prefill(chunk, chunk, PREFILL_START, **paths)]
+    if "name" not in inspect.signature(tracer.decode).parameters:
+        raise DctmsError("--quantized-kv-start above 0 is not planned for this tracer yet (--ranks)")
     window = min(capacity, quant.float_positions + 1) - 1
-    return [tracer.prefill(chunk, window, PREFILL_START), tracer.decode(window, DECODE_START)]
+    return [
+        tracer.prefill(chunk, window, PREFILL_START, **paths),
+        tracer.decode(window, name=DECODE_START, **paths),
+    ]
 
 
 def fit_start(tracer: PhaseTracer, bound: TracedPhase, chunk: int) -> LengthFit | str:
