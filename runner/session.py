@@ -119,10 +119,17 @@ class Generation:
 class Session:
     """Weights, static state and the two phase programs, allocated once for many generations."""
 
+    TAKES_IMAGES = False  # a vision-language plan needs runner.vision_session.VisionSession
+
     def __init__(self, plan: Plan, model: ModelFolder, verify_hashes: bool = False):
         """``plan`` as ``load_checked_plan`` returns it (verified, runtime-checked: not again here).
         Refuses weights that differ from the plan before reading them, and arrays that could not
         hold the indices the runner feeds before generating anything."""
+        if plan.vision is not None and not self.TAKES_IMAGES:
+            raise DctmsError(
+                "a vision-language plan: run it with `dctms run PLAN --model DIR --prompt TEXT "
+                "--image FILE` (this command does not take images yet)"
+            )
         check_fingerprint(plan, model, verify_hashes)
         self.plan = plan
         configure_mlx(plan)

@@ -66,6 +66,7 @@ from dctms.toolkit.lengths import (
 )
 from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, PhaseLives, analyse
 from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
+from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import Schedule, build_schedule
 from dctms.toolkit.trace import (
@@ -189,6 +190,7 @@ def compile_plan(
     plan = emit_plan(
         source, opts, settings, part.traced, part.capacity, part.weights, state, phases, envelope
     )
+    plan = attach_modules(plan, part.traced.phases)
     if part.rank is not None:
         plan = part.rank.annotate(plan)
     self_check(plan)
@@ -333,8 +335,11 @@ def trace_source(
         )
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
-    prefill, decode = tracer.prefill(chunk, prompt_window), tracer.decode(window)
-    start = [tracer.prefill(chunk, chunk, caches.PREFILL_START)] if quant else []
+    # Module paths (a second, recording trace); a rank's tracer rewrites its ops after tracing.
+    paths = {"paths": True} if rank is None else {}
+    prefill = tracer.prefill(chunk, prompt_window, **paths)
+    decode = tracer.decode(window, **paths)
+    start = [tracer.prefill(chunk, chunk, caches.PREFILL_START, **paths)] if quant else []
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
     traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
@@ -715,7 +720,6 @@ def emit_phase(
                 inputs=list(op.inputs),
                 outputs=list(op.outputs),
                 args=op.args,
-                layer=sched.layers[i],
                 memory_bound=sched.memory_bound[i],
                 scratch=lives.scratch[p],
             )

@@ -25,6 +25,7 @@ import numpy as np
 from dctms.toolkit.pack_greedy import best_fit, greedy_orders
 from dctms.toolkit.pack_problem import Problem, Sweep, granule, live_max, sweep
 from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE, Outcome, PartSearch
+from dctms.toolkit.pack_skyline import ORDERS, fill
 
 # Search work (array elements touched, see pack_search) per CPU second on the development machine.
 WORK_PER_SECOND = 100_000_000
@@ -34,6 +35,9 @@ GOOD_ENOUGH = 1e-4
 _FIRST_LIMIT_NODES = 4
 # Nodes per buffer a dive may visit (it backtracks only a little).
 _DIVE_NODES = 3
+# The skyline search's first work limit per buffer of the part (then doubled), and its share.
+_SKYLINE_FIRST_LIMIT = 20_000
+_SKYLINE_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,11 @@ def _search(
     infeasible_at = [-1] * len(parts)  # the highest capacity proven too small, per part
     arena = max(tops, default=0)
     bound, probe_floor = lower, lower
-    spent = _dive(p, sw, parts, offsets, tops, g, lower, budget // 4)
+    spent, infeasible = _skyline(p, sw, parts, offsets, tops, lower, int(budget * _SKYLINE_SHARE))
+    arena = max(tops, default=0)
+    if infeasible:
+        bound = probe_floor = _next_multiple(lower, g)
+    spent += _dive(p, sw, parts, offsets, tops, g, lower, (budget - spent) // 4)
     arena = max(tops, default=0)
     while probe_floor < arena and spent < budget:
         capacity = bound if probe_floor == bound else _mid(probe_floor, arena, g)
@@ -194,6 +202,39 @@ def _dive(p, sw, parts, offsets, tops, g: int, lower: int, budget: int) -> int:
                     tops[i] = int((outcome.offsets + search.size).max())
                     improved = True
     return spent
+
+
+def _skyline(p, sw, parts, offsets, tops, lower: int, budget: int) -> tuple[int, bool]:
+    """Fill each part above the lower bound bottom-left within it (``pack_skyline``), cycling
+    through its orders with a work limit that doubles. Returns the work spent and whether some
+    part was proven not to fit in the lower bound."""
+    spent = 0
+    for i in sorted(range(len(parts)), key=lambda i: -tops[i]):
+        if tops[i] <= lower:
+            continue
+        members, first, last, _ = parts[i]
+        lo, hi = sw.sec_lo[members] - first, sw.sec_hi[members] - first
+        limit = _SKYLINE_FIRST_LIMIT * members.size
+        settled = False
+        while not settled and spent < budget:
+            for order in ORDERS:
+                left = min(limit, budget - spent)
+                if left <= 0:
+                    break
+                out = fill(
+                    lo, hi, p.size[members], p.align[members], last - first, lower, left, order
+                )
+                spent += out.work
+                if out.status == FOUND:
+                    offsets[members] = out.offsets
+                    tops[i] = int((out.offsets + p.size[members]).max())
+                if out.status == INFEASIBLE:
+                    return spent, True
+                if out.status != BUDGET:
+                    settled = True  # found, or exhausted without proof: other orders would be too
+                    break
+            limit *= 2
+    return spent, False
 
 
 def _round_robin(search: PartSearch, capacity: int, budget: int) -> tuple[Outcome, int]:
