@@ -334,11 +334,13 @@ def test_an_image_on_a_text_plan_is_refused(tmp_path, images, capsys) -> None:
         ("gemma3", ["--images", "20", "--image-size", "32x32"], "raise -N or lower --images"),
     ],
 )
-def test_bad_vision_compile_options_are_one_line(vlm, capsys, family, extra, needle) -> None:
-    if vlm[0] != family:
-        pytest.skip("for the other family's folder")
+def test_bad_vision_compile_options_are_one_line(tmp_path, capsys, family, extra, needle) -> None:
+    from dctms.toolkit.vision_tiny import CONFIGS
+
+    config = tmp_path / "config.json"  # a config alone compiles (weights are optional)
+    config.write_text(json.dumps(CONFIGS[family]()))
     n = FAMILIES[family][0]
-    rc = main(["compile", str(vlm[2]), "-N", str(n), "-M", str(M), "-q", *extra])
+    rc = main(["compile", str(config), "-N", str(n), "-M", str(M), "-q", *extra])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and needle in err
 
@@ -567,3 +569,12 @@ def test_commands_without_images_refuse_a_vision_plan(vlm, capsys) -> None:
                "--out", str(folder.parent / "bench-out")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "vision-language plan" in err and len(err.splitlines()) == 1
+
+
+def test_the_inspector_labels_each_phase_with_its_stream(vlm) -> None:
+    from dctms.figures.vision import phase_labels
+
+    plan = read_plan(vlm[1])
+    labels = phase_labels(plan)
+    assert labels[-2:] == ["prefill (text)", "decode (text)"]
+    assert all(label.endswith("(vision)") for label in labels[:-2])
