@@ -116,7 +116,7 @@ def weight_parts(plan: Plan) -> list[Part]:
     parts = []
     for g, sizes in groups.items():
         n = len(layers.get(g, ()))
-        detail = f"{len(sizes)} tensors" + (f" over {n} layers" if n else "")
+        detail = f"{len(sizes)} tensor{'s' * (len(sizes) != 1)}" + (f" over {n} layers" if n else "")
         parts.append(Part("weights", g, sum(sizes), n or 1, detail))
     parts.sort(key=lambda p: (-p.bytes, p.what))
     return parts
