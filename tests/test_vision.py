@@ -178,6 +178,9 @@ def _ours(plan_path: Path, folder: Path, prompt: str, paths: list[Path], tokens:
     mx.clear_cache()
     baseline = mx.get_active_memory()  # arrays other tests in this process still hold
     session = VisionSession(plan, open_model_folder(folder))
+    # The memory limit must cover them too, or MLX's throttle would hold back the run-ahead the
+    # plan allows for (the peak would then read low, not high).
+    session.apply_limits(baseline)
     gen = session.generate_vision(request, inputs)
     return plan, inputs, gen.tokens, mx.get_peak_memory() - baseline
 
