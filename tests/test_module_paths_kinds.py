@@ -1,0 +1,85 @@
+"""Module paths in every plan kind: a speculative plan's draft phases and verify phase, a rank
+plan's phases (collectives included), a vision-language plan's vision and text phases."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from conftest import TINY_QWEN2
+
+from dctms.schema.draft import draft_view
+from dctms.schema.model_folder import ModelFolder
+from dctms.schema.modules import node_paths, op_modules
+from dctms.schema.types import ModuleRuns
+from dctms.schema.verify import verify_plan
+from dctms.toolkit.compiler import CompileOptions
+
+OPTS = CompileOptions(12, 8, prefill_chunk=8, pack_seconds=0.1, real_lengths=False)
+
+
+def _folder(config: dict) -> ModelFolder:
+    from dctms.schema.fingerprint import canonical_config_sha256
+
+    return ModelFolder(None, config, canonical_config_sha256(config), ())
+
+
+def _ops_under(plan, phase, prefix: str) -> list[str]:
+    return [
+        op.primitive
+        for op, path in zip(phase.ops, op_modules(plan, phase), strict=True)
+        if path is not None and (path == prefix or path.startswith(prefix + "."))
+    ]
+
+
+# ------------------------------------------------------------------------------ speculative
+
+
+@pytest.fixture(scope="module")
+def spec_plan():
+    from dctms.toolkit.speculative import compile_speculative
+
+    target = _folder({**TINY_QWEN2, "num_hidden_layers": 3})
+    draft = _folder({**TINY_QWEN2, "num_hidden_layers": 1})
+    return compile_speculative(target, draft, OPTS, 2)
+
+
+def test_draft_phases_name_the_drafts_own_modules(spec_plan):
+    draft = spec_plan.draft
+    assert draft.modules is not None
+    paths = set(node_paths(draft.modules))
+    # The draft has one layer: its tree names layer 0 only, the target's names all three.
+    assert "model.layers.0.self_attn" in paths and "model.layers.1" not in paths
+    assert "model.layers.2.self_attn" in node_paths(spec_plan.modules)
+    view = draft_view(spec_plan)
+    for phase in view.phases:
+        assert None not in op_modules(view, phase)
+        attention = _ops_under(view, phase, "model.layers.0.self_attn")
+        assert ("Matmul" in attention and "Softmax" in attention) or (
+            "ScaledDotProductAttention" in attention
+        )
+
+
+def test_verify_phase_names_every_layers_attention(spec_plan):
+    verify = next(p for p in spec_plan.phases if p.name == "verify")
+    modules = op_modules(spec_plan, verify)
+    assert None not in modules
+    for i in range(3):
+        assert f"model.layers.{i}.self_attn" in modules
+        assert f"model.layers.{i}.mlp" in modules or f"model.layers.{i}.mlp.down_proj" in modules
+    assert verify_plan(spec_plan) == []
+
+
+def test_verifier_rejects_draft_runs_beyond_the_drafts_tree(spec_plan):
+    draft = spec_plan.draft
+    phase = draft.phases[0]
+    nodes = len(draft.modules.names)
+    runs = phase.modules
+    broken_runs = ModuleRuns(runs.lengths, [nodes, *runs.modules[1:]])
+    phases = [msgspec.structs.replace(phase, modules=broken_runs), *draft.phases[1:]]
+    broken = msgspec.structs.replace(
+        spec_plan, draft=msgspec.structs.replace(draft, phases=phases)
+    )
+    problems = verify_plan(broken)
+    assert any(
+        p.path == "$.draft.phases[0].modules.modules[0]" and "draft:" in p.message for p in problems
+    ), problems
