@@ -3,6 +3,8 @@ plan's phases (collectives included), a vision-language plan's vision and text p
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import pytest
 from conftest import TINY_QWEN2
@@ -83,3 +85,50 @@ def test_verifier_rejects_draft_runs_beyond_the_drafts_tree(spec_plan):
     assert any(
         p.path == "$.draft.phases[0].modules.modules[0]" and "draft:" in p.message for p in problems
     ), problems
+
+
+# ------------------------------------------------------------------------------ distributed
+
+
+def _rank_plan(mode: str, rank: int):
+    from dctms.toolkit.compiler import compile_plan
+
+    opts = dataclasses.replace(OPTS, ranks=2, rank=rank, parallel=mode)
+    return compile_plan(_folder({**TINY_QWEN2, "num_hidden_layers": 3}), opts)
+
+
+def _collective_paths(plan) -> list[tuple[str, str, str]]:
+    return [
+        (phase.name, op.primitive, path)
+        for phase in plan.phases
+        for op, path in zip(phase.ops, op_modules(plan, phase), strict=True)
+        if op.primitive in ("AllReduce", "AllGather", "Send", "Recv")
+    ]
+
+
+def test_tensor_rank_all_sums_sit_in_the_attention_and_mlp_that_issued_them():
+    plan = _rank_plan("tensor", 1)
+    for phase in plan.phases:
+        assert None not in op_modules(plan, phase)
+    found = _collective_paths(plan)
+    for name in ("prefill", "decode"):
+        # One all_sum per layer after the attention's o_proj, one after the MLP's down_proj.
+        assert [path for phase, kind, path in found if phase == name and kind == "AllReduce"] == [
+            f"model.layers.{i}.{part}" for i in range(3) for part in ("self_attn.o_proj", "mlp.down_proj")
+        ]
+    assert verify_plan(plan) == []
+
+
+def test_pipeline_rank_names_only_its_own_layers():
+    plan = _rank_plan("pipeline", 0)  # rank 0 runs the last layers
+    start, end = plan.distributed.layers
+    layers = {
+        int(path.split(".")[2])
+        for phase in plan.phases
+        for path in op_modules(plan, phase)
+        if path and path.startswith("model.layers.")
+    }
+    assert layers == set(range(start, end)) and start > 0
+    # The hidden state arrives from the previous rank inside the model's own __call__.
+    assert {(kind, path) for _, kind, path in _collective_paths(plan)} >= {("Recv", "model")}
+    assert verify_plan(plan) == []

@@ -335,11 +335,10 @@ def trace_source(
         )
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
-    # Module paths (a second, recording trace); a rank's tracer rewrites its ops after tracing.
-    paths = {"paths": True} if rank is None else {}
-    prefill = tracer.prefill(chunk, prompt_window, **paths)
-    decode = tracer.decode(window, **paths)
-    start = [tracer.prefill(chunk, chunk, caches.PREFILL_START, **paths)] if quant else []
+    # Module paths (a second, recording trace; a rank's tracer carries them through its rewrite).
+    prefill = tracer.prefill(chunk, prompt_window, paths=True)
+    decode = tracer.decode(window, paths=True)
+    start = [tracer.prefill(chunk, chunk, caches.PREFILL_START, paths=True)] if quant else []
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
     traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}

@@ -6,7 +6,9 @@ the arrays it took and returned, and those arrays are added as extra outputs of 
 function, which makes the exporter tell us their ids. Extra outputs that are already part of the
 graph change no primitive and no order (the exporter's tape is built from the outputs in order),
 so the second trace's primitives pair up one to one with the plain trace's; that is checked, and
-on any difference no paths are reported rather than wrong ones.
+on any difference no paths are reported rather than wrong ones. Arrays a module made that the
+outputs never read become extra primitives after all of the plain trace's (the tape reaches them
+last); they are not in the plan and are ignored.
 
 An op belongs to the innermost module call that created it: calls are visited as they return
 (inner ones first), and each claims the not yet claimed ops between its outputs and its inputs.
@@ -133,7 +135,7 @@ def trace_module_paths(
         stop = set(extra_ids[first : first + n_in])
         results = extra_ids[first + n_in : first + n_in + n_out]
         _claim(path, results, stop, inputs_of, producer, owner)
-    return [p or STEP for p in owner]
+    return [p or STEP for p in owner[: len(ops)]]
 
 
 def _claim(
@@ -162,9 +164,11 @@ def _claim(
 def _same_primitives(prims: list[dict], ops: Sequence[_OpLike]) -> bool:
     from dctms.schema.values import args_to_plain
 
-    if len(prims) != len(ops):
+    # Arrays a call made that nothing returns (a pipeline rank's embedding, replaced by the
+    # received hidden state) add primitives, after the plain trace's: those must be its prefix.
+    if len(prims) < len(ops):
         return False
-    for ev, op in zip(prims, ops, strict=True):
+    for ev, op in zip(prims, ops, strict=False):
         if ev["name"] != op.primitive or len(ev["outputs"]) != len(op.outputs):
             return False
         if repr(args_to_plain(list(ev["arguments"]))) != repr(op.args):  # NaN-safe
