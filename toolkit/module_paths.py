@@ -130,6 +130,10 @@ def trace_module_paths(
     extra_ids = [t[0] for t in out_ids[len(out_ids) - len(extra) :]] if extra else []
     inputs_of = [tuple(i[0] for i in ev["inputs"]) for ev in prims]
     producer = {o[0]: k for k, ev in enumerate(prims) for o in ev["outputs"]}
+    if len(prims) > len(ops):  # the extra primitives must be ones the real outputs never read
+        real_outputs = [t[0] for t in out_ids[: len(out_ids) - len(extra)]]
+        if max(_reached(real_outputs, inputs_of, producer), default=-1) >= len(ops):
+            return None
     owner: list[str | None] = [None] * len(prims)
     for path, first, n_in, n_out in calls:
         stop = set(extra_ids[first : first + n_in])
@@ -159,6 +163,18 @@ def _claim(
         if owner[k] is None:
             owner[k] = path
         todo.extend(i for i in inputs_of[k] if i not in stop)
+
+
+def _reached(tensors: list[str], inputs_of: list[tuple[str, ...]], producer: dict[str, int]):
+    """The primitives ``tensors`` depend on."""
+    seen: set[int] = set()
+    todo = list(tensors)
+    while todo:
+        k = producer.get(todo.pop())
+        if k is not None and k not in seen:
+            seen.add(k)
+            todo.extend(inputs_of[k])
+    return seen
 
 
 def _same_primitives(prims: list[dict], ops: Sequence[_OpLike]) -> bool:
