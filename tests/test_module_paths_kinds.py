@@ -132,3 +132,54 @@ def test_pipeline_rank_names_only_its_own_layers():
     # The hidden state arrives from the previous rank inside the model's own __call__.
     assert {(kind, path) for _, kind, path in _collective_paths(plan)} >= {("Recv", "model")}
     assert verify_plan(plan) == []
+
+
+# ------------------------------------------------------------------------------ vision-language
+
+VLM_BOUNDS = {"gemma3": (40, (32, 32)), "qwen2_vl": (64, (56, 84))}  # as tests/test_vision.py
+
+
+@pytest.fixture(scope="module", params=sorted(VLM_BOUNDS))
+def vlm_plan(request, tmp_path_factory):
+    pytest.importorskip("mlx_vlm")
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
+    from dctms.toolkit.vision_tiny import write_tiny_vlm
+
+    n, (h, w) = VLM_BOUNDS[request.param]
+    folder = write_tiny_vlm(tmp_path_factory.mktemp(request.param) / "model", request.param)
+    opts = dataclasses.replace(OPTS, input_tokens=n, output_tokens=4, prefill_chunk=16)
+    return compile_vlm_plan(open_model(folder), opts, VisionOptions(2, h, w))
+
+
+def test_vision_phases_sit_under_the_tower_and_projector(vlm_plan):
+    assert verify_plan(vlm_plan) == []
+    encoders = {v.phase for v in vlm_plan.vision.variants}
+    for phase in vlm_plan.phases:
+        modules = op_modules(vlm_plan, phase)
+        assert None not in modules
+        tops = {m.split(".")[0] for m in modules}
+        if phase.name in encoders:
+            # The tower's attention and the projection into the text width are there.
+            assert "vision_tower" in tops and "language_model" not in tops
+            assert any(".attn" in m or ".self_attn" in m for m in modules)
+            projector = "multi_modal_projector" if "multi_modal_projector" in tops else (
+                "vision_tower.merger"
+            )
+            assert _ops_under(vlm_plan, phase, projector)
+        else:
+            assert "vision_tower" not in tops
+            attention = _ops_under(vlm_plan, phase, "language_model.model.layers.0.self_attn")
+            assert "Matmul" in attention or "ScaledDotProductAttention" in attention
+
+
+def test_verifier_rejects_a_text_module_beyond_the_language_models_layers(vlm_plan):
+    paths = node_paths(vlm_plan.modules)
+    node = paths.index("language_model.model.layers.1")
+    names = list(vlm_plan.modules.names)
+    names[node] = "9"
+    broken = msgspec.structs.replace(
+        vlm_plan, modules=msgspec.structs.replace(vlm_plan.modules, names=names)
+    )
+    problems = [p for p in verify_plan(broken) if p.rule == "module_layer"]
+    assert problems and all("language_model.model.layers.9" in p.message for p in problems)
