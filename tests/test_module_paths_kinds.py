@@ -10,6 +10,7 @@ import pytest
 from conftest import TINY_QWEN2
 
 from dctms.schema.draft import draft_view
+from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.modules import node_paths, op_modules
 from dctms.schema.types import ModuleRuns
@@ -183,3 +184,32 @@ def test_verifier_rejects_a_text_module_beyond_the_language_models_layers(vlm_pl
     )
     problems = [p for p in verify_plan(broken) if p.rule == "module_layer"]
     assert problems and all("language_model.model.layers.9" in p.message for p in problems)
+
+
+# ------------------------------------------------------------------------------ explain's knobs
+
+
+def test_knobs_recompile_a_speculative_plan_with_its_draft(spec_plan):
+    from dctms.toolkit.knobs import compile_knobs
+
+    baseline, [chunk] = compile_knobs(spec_plan, ("chunk",))
+    assert baseline.envelope == spec_plan.envelope  # the same request, compiled the same way
+    assert chunk.plan.draft is not None and chunk.plan.bounds.prefill_chunk == 4
+    assert {p.name for p in chunk.plan.phases} == {"prefill", "decode", "verify"}
+    assert chunk.plan.envelope.intermediate <= baseline.envelope.intermediate
+    # A knob the speculative compiler refuses is named in one line, with the compiler's reason.
+    with pytest.raises(DctmsError, match=r"--knobs batch: 1 -> 2 does not compile: .*batch 1"):
+        compile_knobs(spec_plan, ("batch",))
+
+
+def test_knobs_recompile_a_vision_plan_with_its_image_bounds(vlm_plan):
+    from dctms.toolkit.knobs import compile_knobs
+
+    baseline, [chunk] = compile_knobs(vlm_plan, ("chunk",))
+    assert baseline.envelope == vlm_plan.envelope
+    assert chunk.plan.vision == vlm_plan.vision and chunk.plan.bounds.prefill_chunk == 8
+
+    def prefill_arena(plan) -> int:
+        return next(p.arena_bytes for p in plan.phases if p.name == "prefill")
+
+    assert prefill_arena(chunk.plan) < prefill_arena(baseline)  # half the tokens per call
