@@ -218,6 +218,13 @@ def bench_speculative(
     defaults = MlxLimits.capture()  # before the sessions set the plan's limits
     say(f"loading the runner and its draft ({model.path}, {draft_model.path}) ...")
     spec = SpeculativeSession(plan, model, draft_model)
+    say("recording both runners' graphs for every length point the prompts may use ...")
+    recorded = [spec.target.prerecord(requests), spec.prerecord(requests)]
+    described = {
+        **described,
+        "runner_setup": f"{sum(r.points for r in recorded)} length points recorded before the "
+        f"first call in {sum(r.seconds for r in recorded):.2f} s (set-up, in no call's latency)",
+    }
     say("loading mlx-lm's target and draft (mlx_lm.utils.load_model) ...")
     baseline = MlxLmSpeculative(model.path, draft_model.path, plan.draft.num_draft, defaults)
     systems = [Runner(spec.target, requests), SpeculativeRunner(spec, requests), baseline]

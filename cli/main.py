@@ -29,11 +29,22 @@ COMMANDS = [
     "roofline",
     "convert-gguf",
     "check",
+    "explain",
 ]
 
 # The commands that compute with MLX: started with an optimised BLAS when MLX carries the
 # reference one (dctms.runner.blas; DCTMS_BLAS=off keeps MLX's own).
-FAST_BLAS_COMMANDS = {"run", "bench", "demo", "compile", "fit", "serve", "roofline", "check"}
+FAST_BLAS_COMMANDS = {
+    "run",
+    "bench",
+    "demo",
+    "compile",
+    "fit",
+    "serve",
+    "roofline",
+    "check",
+    "explain",
+}
 
 
 def one_line(text: str) -> str:

@@ -206,7 +206,8 @@ def _phases_by_name(plan: Plan) -> dict[str, Phase]:
     return phases
 
 
-def _bounds(plan: Plan) -> list[tuple[str, str, Any]]:
+def _bounds(plan: Plan, vision: bool = False) -> list[tuple[str, str, Any]]:
+    """``vision``: with the image bounds and streams rows (when either plan has them)."""
     b, t, g = plan.bounds, plan.target, plan.generator
     return [
         ("input_tokens", "input tokens (N)", b.input_tokens),
@@ -223,6 +224,23 @@ def _bounds(plan: Plan) -> list[tuple[str, str, Any]]:
         *_grids(plan),
         ("generator", "generator", f"dctms {g.dctms}, mlx {g.mlx}, mlx-lm {g.mlx_lm}"),
         ("num_draft", "draft tokens (K)", plan.draft.num_draft if plan.draft else None),
+        *(_vision(plan) if vision else []),
+    ]
+
+
+def _vision(plan: Plan) -> list[tuple[str, str, Any]]:
+    """A vision-language plan's image bounds and streams (None in a text plan)."""
+    v = plan.vision
+    streams = None
+    if v is not None:
+        streams = "; ".join(
+            f"{s.name} (MLX {s.mlx_stream}): {len(s.phases)} phases" for s in v.streams
+        )
+    return [
+        ("images", "images per call (K)", v.images if v else None),
+        ("image_size", "image bound", f"{v.image_size[0]}x{v.image_size[1]}" if v else None),
+        ("vision_overlap", "vision overlaps prefill", v.overlap if v else None),
+        ("streams", "streams", streams),
     ]
 
 
@@ -289,11 +307,12 @@ def roofline_deltas(old: Plan, new: Plan) -> list[Delta]:
 
 
 def plan_diff(old: Plan, new: Plan) -> PlanDiff:
+    vision = old.vision is not None or new.vision is not None
     return PlanDiff(
         envelope_deltas(old, new),
         table1_deltas(old, new),
         phase_deltas(old, new),
-        _changes(_bounds(old), _bounds(new)),
+        _changes(_bounds(old, vision), _bounds(new, vision)),
         _changes(_fingerprint(old), _fingerprint(new)),
         roofline_deltas(old, new),
     )

@@ -41,3 +41,12 @@ def stream_of(plan: Plan) -> dict[str, tuple[str, int]]:
         if row.name != "output"
         for p in row.phases
     }
+
+
+def phase_labels(plan: Plan) -> list[str]:
+    """Each phase's name, with its stream in a vision-language plan (``vision.56x84 (vision)``);
+    the names alone in a text plan."""
+    streams = stream_of(plan)
+    return [
+        f"{p.name} ({streams[p.name][0]})" if p.name in streams else p.name for p in plan.phases
+    ]

@@ -46,7 +46,9 @@ def _feed_chunks(session, head: list[int], first) -> dict[str, mx.array]:
     out: dict[str, mx.array] = {}
     for start in range(0, len(head), chunk):
         piece = head[start : start + chunk]
-        program = first if start == 0 else session.prefill
+        # float calls: those starting below quantized_start T (the first one when T is 0)
+        floats = start == 0 or start < getattr(session, "quantized_start", 0)
+        program = first if floats else session.prefill
         point = program.lengths.pick({"tokens": len(piece), "window": start + len(piece)})
         tokens = program.lengths.value(point, "tokens", chunk)
         out = program.run(

@@ -17,6 +17,7 @@ model's state is evaluated before the other model's next call is built (``_drain
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -24,9 +25,10 @@ import msgspec
 
 from dctms.runner.execute import PhaseProgram
 from dctms.runner.load import check_fingerprint, check_runtime, load_weights
+from dctms.runner.prerecord import decode_point, prefill_chunks
 from dctms.runner.primitives import dtype_from_name
 from dctms.runner.request import Request
-from dctms.runner.session import Generation, Session, check_allocation
+from dctms.runner.session import Generation, Prerecorded, Session, check_allocation
 from dctms.schema.draft import VERIFY, draft_view
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
@@ -96,6 +98,32 @@ class SpeculativeSession:
         self.target = Session(plan, model, verify_hashes=False)  # checked just above
         self.draft = _Draft(view, draft_model, self.num_draft)
         self.verify = PhaseProgram(next(p for p in plan.phases if p.name == VERIFY))
+
+    def prerecord(self, requests: Sequence[Request]) -> Prerecorded:
+        """Record the graphs of every length point ``requests`` may use, before any call (as
+        ``Session.prerecord``): the prompts but their last token in both models' prefill chunks,
+        every verify window up to the last round, every draft decode position up to K - 1 past it.
+        Set-up time, reported, instead of a point's first use slowing a round."""
+        start = time.perf_counter()
+        chunk, k = self.plan.bounds.prefill_chunk, self.num_draft
+        t_pre: set = set()
+        d_pre: set = set()
+        verify: set = set()
+        d_dec: set = set()
+        for r in requests:
+            head, last = len(r.prompt) - 1, len(r.prompt) - 1 + r.max_tokens - 1
+            t_pre |= {c.point for c in prefill_chunks(self.target.prefill.lengths, chunk, head)}
+            d_pre |= {c.point for c in prefill_chunks(self.draft.prefill.lengths, chunk, head)}
+            for p in range(head, last + 1):
+                verify.add(self.verify.lengths.pick({"window": p + k + 1}))
+            for p in range(head, last + k):
+                d_dec.add(decode_point(self.draft.decode.lengths, p))
+        t, d = self.target, self.draft
+        done = t.prefill.prepare(t.weights, t.state, sorted(t_pre))
+        done += self.verify.prepare(t.weights, t.state, sorted(verify))
+        done += d.prefill.prepare(d.weights, d.state, sorted(d_pre))
+        done += d.decode.prepare(d.weights, d.state, sorted(d_dec))
+        return Prerecorded(done, time.perf_counter() - start)
 
     def held_bytes(self) -> int:
         """What this session keeps allocated between calls: both models' weights, KV caches and
@@ -171,7 +199,7 @@ class SpeculativeSession:
         return ids
 
     def _draft_decode(self, token: mx.array, position: int) -> mx.array:
-        point = self.draft.decode.lengths.pick({"window": position + 1})
+        point = decode_point(self.draft.decode.lengths, position)
         out = self.draft.decode.run(
             {"tokens": token, "position": mx.array(position, dtype=mx.int32)},
             self.draft.weights,
@@ -202,22 +230,19 @@ class SpeculativeSession:
     def _prefill_draft(self, prompt: list[int]) -> None:
         """The draft's prefill, in chunks like the target's (``Session._prefill``)."""
         chunk = self.plan.bounds.prefill_chunk
-        lengths = self.draft.prefill.lengths
         out = {}
-        for start in range(0, len(prompt), chunk):
-            piece = prompt[start : start + chunk]
-            point = lengths.pick({"tokens": len(piece), "window": start + len(piece)})
-            tokens = lengths.value(point, "tokens", chunk)
+        for c in prefill_chunks(self.draft.prefill.lengths, chunk, len(prompt)):
+            piece = prompt[c.start : c.start + c.length]
             out = self.draft.prefill.run(
                 {
-                    "tokens": mx.array([piece + [0] * (tokens - len(piece))], dtype=mx.int32),
-                    "position": mx.array(start, dtype=mx.int32),
-                    "last_index": mx.array(len(piece) - 1, dtype=mx.int32),
+                    "tokens": mx.array([piece + [0] * (c.tokens - c.length)], dtype=mx.int32),
+                    "position": mx.array(c.start, dtype=mx.int32),
+                    "last_index": mx.array(c.length - 1, dtype=mx.int32),
                 },
                 self.draft.weights,
                 self.draft.state,
                 wait=False,
-                point=point,
+                point=c.point,
             )
         mx.eval(out["next_token"])
 

@@ -29,6 +29,8 @@ from dctms.schema.errors import DctmsError
 
 
 class VisionSession(Session):
+    TAKES_IMAGES = True
+
     def __init__(self, plan, model, verify_hashes: bool = False):
         if plan.vision is None:
             raise DctmsError("not a vision-language plan")

@@ -225,15 +225,3 @@ def _crossing_evaluated(px: PhaseIndex) -> Iterator[Finding]:
                 f"{px.tensor_path(position)}.id",
                 f"{tensor.id!r} is read after the sync point at slot {syncs[k]} but not evaluated there",
             )
-
-
-def op_layer(ix: PlanIndex) -> Iterator[Finding]:
-    """An op's decoder layer, when given, is one the model has."""
-    layers = ix.plan.model.num_layers
-    for px in ix.phases:
-        for position, op in enumerate(px.phase.ops):
-            if op.layer is not None and op.layer >= layers:
-                yield (
-                    f"{px.op_path(position)}.layer",
-                    f"layer {op.layer}, but the model has {layers} layers",
-                )

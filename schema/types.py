@@ -62,6 +62,9 @@ class KVStorage(_Base):
     dtype: Name
     bits: Positive | None = None
     group_size: Positive | None = None
+    # mlx-lm's quantized_kv_start T: calls starting below T attend in float (the state named
+    # "<cache>.float" holds their keys and values), the later ones over the quantised cache
+    quantized_start: Int = 0
 
 
 class Bounds(_Base):
@@ -206,7 +209,6 @@ class Op(_Base):
     inputs: list[Name]
     outputs: list[Name]
     args: list[Any] = []
-    layer: Int | None = None  # decoder layer the op belongs to, when known
     memory_bound: bool = False  # arithmetic intensity below the target's ridge point
     scratch: ByteCount = 0  # temporary bytes MLX allocates inside this op (e.g. contiguous copies)
 
@@ -311,6 +313,15 @@ class Lengths(_Base):
     affine: list[LengthAffine] = []
 
 
+class ModuleRuns(_Base):
+    """The module that created each op, run-length coded: the first ``lengths[0]`` ops are
+    ``modules[0]``'s (a node of ``Plan.modules``), the next ``lengths[1]`` ops ``modules[1]``'s, and
+    so on. A tensor belongs to the module of the op that produces it."""
+
+    lengths: list[Positive]
+    modules: list[Int]
+
+
 class Phase(_Base):
     name: Name
     tokens: Int  # tokens processed per call of this phase
@@ -334,6 +345,7 @@ class Phase(_Base):
     slack_bytes: ByteCount = 0
     # None: fixed shapes (the runner pads every call to them); else the real-length points.
     lengths: Lengths | None = None
+    modules: ModuleRuns | None = None  # None when the trace could not attribute ops to modules
 
 
 class EnvelopePart(_Base):
@@ -513,6 +525,20 @@ class Draft(_Base):
     stats: Stats
 
 
+ParentNode = Annotated[int, msgspec.Meta(ge=-1, le=2**31)]
+
+
+class ModuleTree(_Base):
+    """The model's module paths as a tree, as mlx-lm names its modules: node ``i`` is called
+    ``names[i]`` and sits under node ``parents[i]`` (-1: top level; a parent comes before its
+    children); its path joins the names from the top with dots (``model.layers.3.self_attn``).
+    ``(root)`` is the model's own ``__call__``, ``(step)`` what dctms adds around it (the token
+    reshape and greedy sampling)."""
+
+    parents: list[ParentNode]
+    names: list[Name]
+
+
 class Plan(_Base):
     schema_version: int
     generator: Generator
@@ -527,6 +553,7 @@ class Plan(_Base):
     vision: Vision | None = None  # vision-language plans only
     draft: Draft | None = None  # speculative decoding: the draft model's part (compile --draft)
     distributed: Distributed | None = None  # set when the plan is one rank of several
+    modules: ModuleTree | None = None  # the module paths the phases' ModuleRuns point into
     # sha256 of the canonical plan without this field (dctms.schema.digest): a plan changed after
     # it was written fails to read. Set by io.encode_plan; "" only in plans built in memory.
     digest: Sha256 | Literal[""] = ""

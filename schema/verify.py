@@ -35,6 +35,7 @@ from dctms.schema import (
     rules_graph,
     rules_lengths,
     rules_memory,
+    rules_modules,
     rules_request,
     rules_runner,
     rules_totals,
@@ -56,7 +57,6 @@ RULES: dict[str, Rule] = {
     "slots_cover": rules_graph.slots_cover,
     "slot_bandwidth": rules_graph.slot_bandwidth,
     "sync_points": rules_graph.sync_points,
-    "op_layer": rules_graph.op_layer,
     "dtype_known": rules_memory.dtype_known,
     "tensor_bytes": rules_memory.tensor_bytes,
     "constant_size": rules_memory.constant_size,
@@ -91,6 +91,9 @@ RULES: dict[str, Rule] = {
     "speculative": rules_draft.speculative,
     "vision": rules_vision.vision_plan,
     "distributed": rules_distributed.distributed,
+    "module_tree": rules_modules.module_tree,
+    "module_runs": rules_modules.module_runs,
+    "module_layer": rules_modules.module_layer,
 }
 
 

@@ -10,7 +10,9 @@ line saying how to recompile them, and versions that never existed (< 1) as not 
 History: 1, the first format. 2, tensor records are a tagged union on ``kind`` (always written) and a
 scratch tensor names its op in ``op``; ``Target.backend`` and ``StateTensor.kind`` are closed sets.
 3, ``Op.index`` is gone: an op's index is its position in ``Phase.ops`` (the verifier required them
-equal, so the field only cost bytes: ~90 kB on a 7B plan).
+equal, so the field only cost bytes: ~90 kB on a 7B plan). Also within 3: ``Op.layer`` is gone and
+module paths came in its place (``Plan.modules``, a module tree, and ``Phase.modules``, run-length
+coded module runs); an op's layer is the one its module path names (``schema.modules``).
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """

@@ -35,6 +35,8 @@ from dctms.schema.types import (
     Intermediate,
     KVStorage,
     ModelInfo,
+    ModuleRuns,
+    ModuleTree,
     Op,
     Output,
     Phase,
@@ -110,9 +112,9 @@ def make_tiny_plan() -> Plan:
         ops=[
             Op("Gather", ["w_emb", "tok"], ["t0"], args=[[0], [1, 8]], memory_bound=True),
             Op("Reshape", ["t0"], ["t1"], args=[[1, 8]]),
-            Op("Multiply", ["t1", "c_half"], ["t2"], layer=0, memory_bound=True),
-            Op("DynamicSliceUpdate", ["k_in", "t0", "pos"], ["k_out"], args=[[1]], layer=0, scratch=8),
-            Op("Maximum", ["t2", "c_floor"], ["t3"], layer=0),
+            Op("Multiply", ["t1", "c_half"], ["t2"], memory_bound=True),
+            Op("DynamicSliceUpdate", ["k_in", "t0", "pos"], ["k_out"], args=[[1]], scratch=8),
+            Op("Maximum", ["t2", "c_floor"], ["t3"]),
             Op("ArgMax", ["t3"], ["out"], args=[1, False]),
         ],
         tensors=[
@@ -130,6 +132,8 @@ def make_tiny_plan() -> Plan:
         arena_bytes=128,
         lower_bound_bytes=128,
         arena_optimal="lower_bound",
+        # ops 0-1 in model.embed_tokens, 2-4 in model.layers.0.self_attn, 5 in (step)
+        modules=ModuleRuns(lengths=[2, 3, 1], modules=[2, 5, 0]),
     )
     return Plan(
         schema_version=SCHEMA_VERSION,
@@ -172,6 +176,10 @@ def make_tiny_plan() -> Plan:
             reduction=0.6,
             arena_bytes=128,
             lower_bound_bytes=128,
+        ),
+        modules=ModuleTree(
+            parents=[-1, -1, 1, 1, 3, 4],
+            names=["(step)", "model", "embed_tokens", "layers", "0", "self_attn"],
         ),
     )
 

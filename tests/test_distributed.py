@@ -316,6 +316,31 @@ def test_two_ranks_give_the_single_process_ids_within_their_envelopes(
 
 
 @pytest.mark.slow
+def test_quantised_tensor_ranks_cut_packed_weights_scales_and_biases(tmp_path) -> None:
+    config = dict(TINY_QWEN2, quantization={"group_size": 32, "bits": 4})
+    model = write_tiny_model(tmp_path / "q", config)
+    plans = tmp_path / "plans"
+    assert (
+        _dctms(
+            "compile", str(model), "-N", "8", "-M", "4", "-q", "-o", str(tmp_path / "p.plan")
+        ).returncode
+        == 0
+    )
+    single = _dctms("run", str(tmp_path / "p.plan"), "--model", str(model), "--tokens", "1,2,3")
+    assert single.returncode == 0, single.stderr
+    out = _dctms("compile", str(model), "-N", "8", "-M", "4", "-q", "--ranks", "2",
+                 "--parallel", "tensor", "-o", str(plans))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    shards = {w.name: w.shard for w in read_plan(plans / "rank1.plan").model.weights.tensors}
+    down = "model.layers.0.mlp.down_proj"
+    assert {shards[f"{down}.{p}"].axis for p in ("weight", "scales", "biases")} == {1}
+    out = _dctms("run", str(plans), "--ranks", "2", "--model", str(model), "--tokens", "1,2,3",
+                 "--rank-timeout", "60")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == single.stdout
+
+
+@pytest.mark.slow
 def test_a_rank_whose_weights_differ_refuses_and_the_other_stops(model3, tmp_path) -> None:
     import mlx.core as mx
 

@@ -16,6 +16,7 @@ from dctms.cli import main as cli
 from dctms.cli.commands.dot import parse_layers
 from dctms.schema.errors import DctmsError
 from dctms.schema.io import read_plan
+from dctms.schema.modules import op_layers
 from dctms.schema.sizes import is_arena_tenant
 from dctms.views import dot as views
 
@@ -52,7 +53,7 @@ def run_dot(tmp_path: Path, capsys, *argv: str, name: str = "out.dot") -> tuple[
 
 
 def layer_tenants(phase, first: int, last: int) -> list:
-    layer_of = views.tensor_layers(phase)
+    layer_of = views.tensor_layers(read_plan(PLAN), phase)
     return [
         t
         for t in phase.tensors
@@ -129,19 +130,24 @@ def test_graph_large_range_is_collapsed_with_stand_ins(tmp_path, capsys):
     nodes = dot_nodes(out.read_text())
     assert {f"g_layer_{i}" for i in range(10)} <= nodes
     assert {"g_layer_10__not_shown_", "g_model__before_layers___not_shown_"} <= nodes
-    assert not {"g_layer_11", "g_inputs", "g_model__before_layers_"} & nodes
+    assert not {"g_layer_11", "g_model__before_layers_"} & nodes
+    assert "g_inputs" in nodes  # each layer's rope reads the position input itself
 
 
 def test_graph_layers_range_is_flat_and_clustered(tmp_path, capsys, decode):
     code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "graph", "--layers", "3-4")
     assert code == 0 and err == ""
     source = out.read_text()
-    ops = [i for i, op in enumerate(decode.ops) if op.layer in (3, 4)]
+    layer = op_layers(read_plan(PLAN), decode)
+    ops = [i for i in range(len(decode.ops)) if layer[i] in (3, 4)]
     nodes = dot_nodes(source)
     assert {f"op{i}" for i in ops} <= nodes
-    assert not {f"op{i}" for i, op in enumerate(decode.ops) if op.layer not in (3, 4)} & nodes
+    assert not {f"op{i}" for i in range(len(decode.ops)) if layer[i] not in (3, 4)} & nodes
     assert "subgraph cluster_3" in source and "subgraph cluster_4" in source
-    assert {"outside_2", "outside_5", "outside_model"} <= nodes  # stand-ins for the rest
+    # inside each layer, one cluster per module that made ops there
+    assert 'label="self_attn.q_proj"' in source and 'label="mlp.down_proj"' in source
+    assert source.count("subgraph cluster_3_") >= 10
+    assert {"outside_2", "outside_5"} <= nodes  # stand-ins for the rest
     assert {"in_" + b.id for b in decode.inputs if b.name.startswith("kv.3.")} <= nodes
     assert re.search(r'op\d+ -> op\d+ \[label="\[1,1,1536\] bf16"\]', source)
 

@@ -42,7 +42,7 @@ def test_layout_one_record_per_line(tiny_plan: Plan) -> None:
     assert "        [1,3]," in lines  # one slot per line, compact
     assert (
         '        {"primitive":"Multiply","inputs":["t1","c_half"],"outputs":["t2"],'
-        '"layer":0,"memory_bound":true},' in lines
+        '"memory_bound":true},' in lines
     )
     assert all(not line.endswith(" ") for line in lines)
 
@@ -63,7 +63,7 @@ def test_defaults_omitted_and_plain_dict_keys_sorted(tiny_plan: Plan) -> None:
     text = encode_plan(tiny_plan).decode()
     assert '"view_of"' in text and '"view_of":null' not in text
     # Op.scratch is written only where it is not 0 (op 3); Target.run_ahead_dispatches is 0 here.
-    assert text.count('"scratch":') == 1 and '"layer":0,"scratch":8}' in text
+    assert text.count('"scratch":') == 1 and '"args":[[1]],"scratch":8}' in text
     assert '"run_ahead_dispatches"' not in text and '"evaluate":[]' not in text
     assert '"provable"' not in text  # a property computed from the envelope, not a field
     files = {"z.safetensors": "a" * 64, "a.safetensors": "b" * 64}

@@ -390,3 +390,22 @@ def test_a_quantised_kv_cache_is_refused_with_a_draft(models):
     opts = CompileOptions(N, M, prefill_chunk=CHUNK, kv_bits=8)
     with pytest.raises(DctmsError, match="--draft: not supported yet with --kv-bits"):
         compile_speculative(open_model(models["target"]), open_model(models["target"]), opts, 2)
+
+
+def test_prerecord_leaves_nothing_to_record_during_generation(models, plans, monkeypatch):
+    from dctms.runner.execute import PhaseProgram
+
+    plan = load_checked_plan(plans[("first_layer", 4)])
+    spec = SpeculativeSession(
+        plan, open_model_folder(models["target"]), open_model_folder(models["first_layer"])
+    )
+    requests = [validate_request(plan, list(p), M) for p in PROMPTS]
+    assert spec.prerecord(requests).points > 0
+    recorded = []
+    original = PhaseProgram._record
+    monkeypatch.setattr(
+        PhaseProgram, "_record", lambda self, *a: recorded.append(self.name) or original(self, *a)
+    )
+    for request in requests:
+        spec.generate(request)
+    assert recorded == []

@@ -57,7 +57,7 @@ def test_json_loads_with_truthful_units(exported):
 
 def test_spans_are_the_arena_tenants(exported):
     plan, doc = exported
-    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "module"]
     assert len(spans) == plan.stats.logical_tensors
     for pid, phase in enumerate(plan.phases, start=1):
         tenants = {t.id: t for t in phase.tensors if is_arena_tenant(t)}
@@ -93,7 +93,7 @@ def test_counters_reach_the_lower_bound_and_the_arena(exported):
             a <= b for a, b in zip(live, extent, strict=True)
         )  # packed bytes can't be below live bytes
         # The area under the live counter equals the spans' aligned bytes x slots.
-        spans = [e for e in events if e["ph"] == "X" and e["pid"] == pid]
+        spans = [e for e in events if e["ph"] == "X" and e["pid"] == pid and e["cat"] != "module"]
         assert sum(live) == sum(e["args"]["aligned_bytes"] * e["dur"] for e in spans)
         assert counter(events, pid, LIVE_COUNTER)[n] == 0  # closes after the last slot
     assert max(p.lower_bound_bytes for p in plan.phases) == plan.stats.lower_bound_bytes
@@ -104,7 +104,7 @@ def test_tiny_plan_events_exactly(tiny_plan):
     spans = {
         e["args"]["tensor"]: (e["ts"], e["dur"], e["tid"])
         for e in doc["traceEvents"]
-        if e["ph"] == "X"
+        if e["ph"] == "X" and e["cat"] != "module"
     }
     # t1 is a view and k_out aliases the KV cache: neither is a tenant.
     assert spans == {
@@ -136,3 +136,25 @@ def test_bad_input(tmp_path, capsys, plan_file):
     assert err.count("\n") == 1 and "no such file" in err
     assert cli.main(["trace", str(plan_file), "-o", str(tmp_path / "no" / "dir" / "t.json")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_tenant_slices_are_named_by_module_and_a_modules_track(tiny_plan):
+    doc = trace_document(tiny_plan)
+    spans = {
+        e["args"]["tensor"]: e
+        for e in doc["traceEvents"]
+        if e.get("cat") != "module" and e["ph"] == "X"
+    }
+    assert spans["t2"]["name"] == "model.layers.0.self_attn: t2 [1,8] float16"
+    assert spans["t2"]["args"]["module"] == "model.layers.0.self_attn"
+    assert spans["t2"]["args"]["layer"] == 0
+    assert spans["scratch.3"]["args"]["module"] == "model.layers.0.self_attn"  # its op's
+    assert spans["out"]["args"]["module"] == "(step)" and spans["out"]["args"]["layer"] is None
+    track = [e for e in doc["traceEvents"] if e.get("cat") == "module"]
+    # slots [[0], [1, 3], [2], [4], [5]]: op 0 embed; ops 1 (embed) first in slot 1; 2, 4 attention
+    assert [(e["name"], e["ts"], e["dur"]) for e in track] == [
+        ("model.embed_tokens", 0, 2),
+        ("model.layers.0.self_attn", 2, 2),
+        ("(step)", 4, 1),
+    ]
+    assert sum(e["args"]["ops"] for e in track) == len(tiny_plan.phases[0].ops)

@@ -215,8 +215,9 @@ def test_lifetimes_selection_shows_the_tensors_real_figures():
         details = text(app.screen.query_one("#details"))
         assert f"interval [{t2.interval[0]}, {t2.interval[1]}]" in details
         assert f"buffer {t2.buffer}" in details and f"offset {t2.offset:,}" in details
-        assert "producer: op 2 Multiply (slot 2, layer 0)" in details
-        assert "consumers (1): op 4 Maximum (slot 3, layer 0)" in details
+        assert "producer: op 2 Multiply (slot 2, model.layers.0.self_attn)" in details
+        assert "consumers (1): op 4 Maximum (slot 3, model.layers.0.self_attn)" in details
+        assert "module model.layers.0.self_attn" in details
         await keys(pilot, "k")
         assert gantt.selected.key == "scratch.3"
         assert "producer: op 3 DynamicSliceUpdate" in text(app.screen.query_one("#details"))
@@ -243,6 +244,25 @@ def test_lifetimes_filter_and_per_buffer_toggle():
         assert "buffer 0" in text(app.screen.query_one("#details"))
         await keys(pilot, "b")
         assert len(gantt.rows) == 7
+
+    drive(app, scenario)
+
+
+def test_lifetimes_search_and_group_by_module():
+    app = make_app(screen="lifetimes")
+
+    async def scenario(pilot):
+        gantt = app.screen.query_one(Gantt)
+        await search(pilot, "mod:embed_tokens")
+        assert [r.key for r in gantt.rows] == ["t0", "t1"]
+        await search(pilot, "")
+        before = [r.key for r in gantt.rows]
+        await keys(pilot, "g")  # grouped by module (here the slot order already is)
+        assert app.screen.by_module
+        after = [r.key for r in gantt.rows]
+        assert sorted(after) == sorted(before) and after[-1] == "out"
+        await keys(pilot, "g")
+        assert not app.screen.by_module
 
     drive(app, scenario)
 
@@ -276,7 +296,7 @@ def test_buffers_screen():
         reuse = app.screen.query_one("#reuse", Gantt)
         assert [r.buffer for r in reuse.rows] == [0, 1]
         details = text(app.screen.query_one("#buffer-details"))
-        assert "buffer 0" in details and "2 tenant(s)" in details and "t3 [3,4] 16 B @0" in details
+        assert "buffer 0" in details and "2 tenant(s)" in details and "t3 (0.self_attn) [3,4] 16 B @0" in details
         await keys(pilot, "j")
         assert "3 tenant(s)" in text(app.screen.query_one("#buffer-details"))
         arena = app.screen.query_one(ArenaMap)
@@ -317,7 +337,7 @@ def test_ops_search_and_details():
         assert table.row_count == 6
         await search(pilot, "Multiply")
         assert table.keys == ["2"]
-        assert table.rows[0][:4] == ("2", "Multiply", "0", "2")
+        assert table.rows[0][:4] == ("2", "Multiply", "model.layers.0.self_attn", "2")
         assert table.rows[0][4] == "t1[1,8] c_half[]"
         details = text(app.screen.query_one("#op-details"))
         assert "op 2 Multiply" in details and "t2[1,8] float16" in details
@@ -370,6 +390,29 @@ def test_diff_mode_opens_on_the_deltas():
         assert app.current_mode == "diff"
 
     drive(app, scenario)
+
+
+def test_diff_shows_intermediate_bytes_by_module():
+    old = make_tiny_plan()
+    phase = old.phases[0]
+    # t2 (made in model.layers.0.self_attn) larger: 128 aligned bytes instead of 64
+    tensors = [msgspec.structs.replace(t, bytes=100) if t.id == "t2" else t for t in phase.tensors]
+    new = msgspec.structs.replace(old, phases=[msgspec.structs.replace(phase, tensors=tensors)])
+    app = make_app(new, old=old)
+
+    async def scenario(pilot):
+        table = text(app.screen.query_one("#diff-modules"))
+        row = next(line for line in table.splitlines() if "model.layers.*.self_attn" in line)
+        assert "decode" in row and row.split()[-1] == "+64"  # its tenants grew by 64 aligned bytes
+        assert "embed_tokens" not in table  # unchanged modules are left out
+
+    drive(app, scenario)
+    same = make_app(old, old=old)
+
+    async def nothing(pilot):
+        assert not same.screen.query("#diff-modules")
+
+    drive(same, nothing)
 
 
 # ------------------------------------------------------------------------------- bad input

@@ -13,6 +13,7 @@ from dctms.figures.memory import memory_curve
 from dctms.figures.overview import arena_rows, table1
 from dctms.figures.units import human
 from dctms.schema.io import read_plan
+from dctms.schema.modules import op_modules
 from dctms.schema.sizes import lower_bound_bytes
 from dctms.schema.types import Plan
 from dctms.tui.data import (
@@ -36,7 +37,7 @@ PLANS = Path(__file__).resolve().parent.parent / "plans"
 
 def tiny_index() -> PhaseLookup:
     plan = make_tiny_plan()
-    return PhaseLookup(plan.phases[0], plan.target.alignment)
+    return PhaseLookup(plan.phases[0], plan.target.alignment, op_modules(plan, plan.phases[0]))
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,7 @@ def test_parse_query():
     assert parse_query("layer:3 prim:Matmul q_proj") == Query(3, "matmul", None, None, ("q_proj",))
     assert parse_query("l=2 buf:7 kind:scr") == Query(2, None, 7, "scr", ())
     assert parse_query("layer:x") == Query(words=("layer:x",))  # not a number: a plain word
+    assert parse_query("mod:Self_Attn t2") == Query(words=("t2",), module="self_attn")
 
 
 def test_tensor_rows_order_and_filters():
@@ -241,3 +243,28 @@ def test_diff_of_the_two_checked_in_plans(qwen7b: Plan):
     assert t1["logical tensors"].delta == qwen7b.stats.logical_tensors - small.stats.logical_tensors
     phases = {d.name: d for d in diff.phases}
     assert phases["decode arena"].new == qwen7b.phases[1].arena_bytes
+
+
+def test_module_of_ops_and_tensors_and_search_by_module():
+    index = tiny_index()
+    assert index.op_module(0) == "model.embed_tokens" and index.op_module(5) == "(step)"
+    assert index.module_of("t2") == "model.layers.0.self_attn"
+    assert index.module_of("scratch.3") == "model.layers.0.self_attn"  # its op's module
+    assert index.module_of("tok") is None  # a graph input
+    assert [op.index for op in op_rows(index, parse_query("mod:embed"))] == [0, 1]
+    assert [op.index for op in op_rows(index, parse_query("self_attn"))] == [2, 3, 4]
+    keys = [r.key for r in tensor_rows(index, parse_query("m:step"))]
+    assert keys == ["out"]
+    assert "0.self_attn" in next(r.label for r in tensor_rows(index) if r.key == "t2")
+
+
+def test_tensor_rows_grouped_by_module():
+    index = tiny_index()
+    plain = [r.key for r in tensor_rows(index)]
+    grouped = [r.key for r in tensor_rows(index, by_module=True)]
+    assert sorted(plain) == sorted(grouped)
+    modules = [index.module_of(k) for k in grouped]
+    # each module's tensors together, modules in order of first use, slot order inside
+    runs = [m for i, m in enumerate(modules) if i == 0 or m != modules[i - 1]]
+    assert len(runs) == len(set(runs))
+    assert runs == ["model.embed_tokens", "model.layers.0.self_attn", "(step)"]

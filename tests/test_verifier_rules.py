@@ -18,6 +18,7 @@ from dctms.schema.types import (
     Intermediate,
     LengthAffine,
     Lengths,
+    ModuleRuns,
     Plan,
     RankShard,
     SyncPoint,
@@ -173,7 +174,31 @@ CASES: list[tuple[str, str, Break]] = [
         "sync points out of order",
         lambda p: phase(p, sync_points=[SyncPoint(4, "x"), SyncPoint(2, "y"), SyncPoint(4, "z")]),
     ),
-    ("op_layer", "layer beyond the model", lambda p: op(p, 4, layer=1)),
+    (
+        "module_layer",
+        "module in a layer beyond the model",
+        lambda p: nested(p, "modules", names=[*p.modules.names[:4], "1", "self_attn"]),
+    ),
+    (
+        "module_tree",
+        "module whose parent comes after it",
+        lambda p: nested(p, "modules", parents=[-1, -1, 1, 1, 5, 4]),
+    ),
+    (
+        "module_tree",
+        "module name with a dot",
+        lambda p: nested(p, "modules", names=[*p.modules.names[:5], "self.attn"]),
+    ),
+    (
+        "module_runs",
+        "module runs cover fewer ops than the phase has",
+        lambda p: phase(p, modules=ModuleRuns([2, 2, 1], [2, 5, 0])),
+    ),
+    (
+        "module_runs",
+        "module run naming no node of the tree",
+        lambda p: phase(p, modules=ModuleRuns([2, 3, 1], [2, 6, 0])),
+    ),
     (
         "unique_ids",
         "one weight bound twice",
@@ -519,6 +544,13 @@ CASES: list[tuple[str, str, Break]] = [
         "quantized_start",
         "a prefill_start phase over a float KV cache",
         lambda p: replace(p, phases=[*p.phases, replace(P0(p), name="prefill_start")]),
+    ),
+    (
+        "quantized_start",
+        "a decode_start phase over a float KV cache",
+        lambda p: replace(
+            _with_prefill(p), phases=[*_with_prefill(p).phases, replace(P0(p), name="decode_start")]
+        ),
     ),
     ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),

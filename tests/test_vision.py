@@ -334,11 +334,13 @@ def test_an_image_on_a_text_plan_is_refused(tmp_path, images, capsys) -> None:
         ("gemma3", ["--images", "20", "--image-size", "32x32"], "raise -N or lower --images"),
     ],
 )
-def test_bad_vision_compile_options_are_one_line(vlm, capsys, family, extra, needle) -> None:
-    if vlm[0] != family:
-        pytest.skip("for the other family's folder")
+def test_bad_vision_compile_options_are_one_line(tmp_path, capsys, family, extra, needle) -> None:
+    from dctms.toolkit.vision_tiny import CONFIGS
+
+    config = tmp_path / "config.json"  # a config alone compiles (weights are optional)
+    config.write_text(json.dumps(CONFIGS[family]()))
     n = FAMILIES[family][0]
-    rc = main(["compile", str(vlm[2]), "-N", str(n), "-M", str(M), "-q", *extra])
+    rc = main(["compile", str(config), "-N", str(n), "-M", str(M), "-q", *extra])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and needle in err
 
@@ -542,3 +544,37 @@ def test_check_recompiles_a_vision_plan_to_the_same_bytes(vlm, overlapped, capsy
     _, _, folder = vlm
     assert main(["check", str(overlapped), "--model", str(folder)]) == 0
     assert "ok (re-compiles to the same bytes)" in capsys.readouterr().out
+
+
+def test_diff_shows_the_image_bounds_and_streams(vlm, overlapped) -> None:
+    from dctms.figures.comparison import plan_diff
+
+    changes = {c.key: c for c in plan_diff(read_plan(vlm[1]), read_plan(overlapped)).bounds}
+    assert changes["vision_overlap"].old is False and changes["vision_overlap"].new is True
+    assert "vision (MLX 0)" in changes["streams"].old and "vision (MLX 1)" in changes["streams"].new
+    assert changes["images"].old == changes["images"].new == K
+
+
+def test_commands_without_images_refuse_a_vision_plan(vlm, capsys) -> None:
+    """bench and serve open a text Session: a vision plan is refused in one line, not run
+    without its features table."""
+    from dctms.runner.session import Session
+    from dctms.schema.errors import DctmsError
+    from dctms.schema.model_folder import open_model_folder
+
+    _, plan, folder = vlm
+    with pytest.raises(DctmsError, match="vision-language plan: run it with `dctms run"):
+        Session(read_plan(plan), open_model_folder(folder))
+    rc = main(["bench", str(plan), "--model", str(folder), "--reps", "1", "-q", "--no-plot",
+               "--out", str(folder.parent / "bench-out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "vision-language plan" in err and len(err.splitlines()) == 1
+
+
+def test_the_inspector_labels_each_phase_with_its_stream(vlm) -> None:
+    from dctms.figures.vision import phase_labels
+
+    plan = read_plan(vlm[1])
+    labels = phase_labels(plan)
+    assert labels[-2:] == ["prefill (text)", "decode (text)"]
+    assert all(label.endswith("(vision)") for label in labels[:-2])

@@ -49,6 +49,7 @@ from dctms.toolkit.compiler import (
 )
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lengths import WINDOW, NotAffine, digest, fit, sample_lengths
+from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.trace import PhaseTracer, StaticKVCache, TracedPhase, _export
 
 MAX_DRAFT = 64  # more draft tokens per round than any speculative setup uses
@@ -126,6 +127,7 @@ def compile_speculative(
     plan = msgspec.structs.replace(
         plan, compile=request, draft=_draft_record(draft, d_part, num_draft)
     )
+    plan = attach_modules(plan, t_part.traced.phases)  # the target's module paths
     self_check(plan)
     return plan
 

@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from dctms.schema.errors import DctmsError
 from dctms.schema.values import args_to_plain, dtype_name
+from dctms.toolkit.module_paths import trace_module_paths
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -71,6 +72,8 @@ class TracedPhase:
     constants: list[TracedConstant]
     ops: list[TracedOp]
     tensors: dict[str, TracedTensor] = field(default_factory=dict)
+    # The module path that created each op (toolkit.module_paths), when traced with paths.
+    module_paths: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -334,7 +337,9 @@ class PhaseTracer:
         next_token = mx.argmax(logprobs, axis=-1)
         return (next_token, *self.layout.outputs(caches))
 
-    def prefill(self, tokens: int, window: int, name: str = "prefill") -> TracedPhase:
+    def prefill(
+        self, tokens: int, window: int, name: str = "prefill", paths: bool = False
+    ) -> TracedPhase:
         """``tokens`` prompt tokens at ``position``; ``last_index`` picks the last real one (a
         chunk may be padded), whose greedy next token is returned. ``name``: "prefill", or
         "prefill_start" for a quantised cache's first call (see ``toolkit.caches``)."""
@@ -347,18 +352,36 @@ class PhaseTracer:
             "position": mx.array(0, mx.int32),
             "last_index": mx.array(0, mx.int32),
         }
-        return _export(name, tokens, fn, feeds, self.weights, self.state, self.layout.names)
+        state = self._state_for(name)
+        phase = _export(name, tokens, fn, feeds, self.weights, state, self.layout.names_for(name))
+        return self._with_paths(phase, fn, feeds, state) if paths else phase
 
-    def decode(self, window: int) -> TracedPhase:
+    def decode(self, window: int, name: str = "decode", paths: bool = False) -> TracedPhase:
         """One token at ``position``: the previous step's next_token (shape [batch], uint32) is fed
         back as it is, so the runner can build step t+1 while step t still computes (as mlx-lm's
         generate_step does)."""
 
         def fn(tokens_, position, **kw):
-            return self._step(tokens_[:, None], position, None, window, kw, "decode")
+            return self._step(tokens_[:, None], position, None, window, kw, name)
 
         feeds = {"tokens": mx.zeros((self.batch,), mx.uint32), "position": mx.array(0, mx.int32)}
-        return _export("decode", 1, fn, feeds, self.weights, self.state, self.layout.names)
+        state = self._state_for(name)
+        phase = _export(name, 1, fn, feeds, self.weights, state, self.layout.names_for(name))
+        return self._with_paths(phase, fn, feeds, state) if paths else phase
+
+    def _state_for(self, phase: str) -> dict[str, mx.array]:
+        """The keyword state a phase is traced with: all but the cache arrays it does not use (a
+        quantised cache's float arrays outside its float phases; see ``toolkit.caches``)."""
+        unused = set(self.layout.names) - set(self.layout.names_for(phase))
+        return {k: v for k, v in self.state.items() if k not in unused}
+
+    def _with_paths(self, phase: TracedPhase, fn, feeds: dict, state: dict) -> TracedPhase:
+        """``phase`` with the module path of every op (a second, recording trace)."""
+        keywords = {**self.weights, **state}
+        phase.module_paths = trace_module_paths(
+            self.model, fn, list(feeds.values()), keywords, phase.ops
+        )
+        return phase
 
     def traced(self, phases: list[TracedPhase]) -> Traced:
         weight_bindings = [

@@ -74,7 +74,9 @@ class InspectorApp(App[int]):
         self.inspection = inspection
         self.exit_after_paint = exit_after_paint
         self.paint_seconds: float | None = None
-        self.screen_classes = [s for s in SCREEN_ORDER if s is not DiffScreen or inspection.diff_mode]
+        self.screen_classes = [
+            s for s in SCREEN_ORDER if s is not DiffScreen or inspection.diff_mode
+        ]
         for screen_class in self.screen_classes:
             self.add_mode(screen_class.MODE, screen_class)
         self.first_mode = screen or ("diff" if inspection.diff_mode else "overview")

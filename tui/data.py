@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from dctms.figures.memory import live_at, memory_curve, peak
 from dctms.figures.units import human
+from dctms.schema.modules import op_modules, path_layer
 from dctms.schema.numbered import NumberedOp, numbered_ops
 from dctms.schema.sizes import align_up, is_arena_tenant
 from dctms.schema.types import Phase, Plan, Scratch, Tensor
@@ -28,8 +29,10 @@ def fmt_shape(shape: list[int]) -> str:
 class PhaseLookup:
     """Lookups over one phase, built once (linear time) and shared by every screen."""
 
-    def __init__(self, phase: Phase, alignment: int):
+    def __init__(self, phase: Phase, alignment: int, modules: list[str | None] | None = None):
         self.phase = phase
+        # The module path that created each op (schema.modules.op_modules); None: not recorded.
+        self.modules: list[str | None] = list(modules or [None] * len(phase.ops))
         self.alignment = alignment
         self.num_slots = len(phase.slots)
         self.tensor: dict[str, Tensor] = {t.id: t for t in phase.tensors}
@@ -48,6 +51,10 @@ class PhaseLookup:
             if isinstance(t, Scratch) and t.op in self.op:
                 self.producer.setdefault(t.id, t.op)
         self.shape: dict[str, tuple[list[int], str]] = {}
+        # Input id -> the weight's parameter name or the state it reads ("model.norm.weight").
+        self.bound_name: dict[str, str] = {
+            b.id: b.name for b in phase.inputs if b.kind in ("weight", "state")
+        }
         for binding in (*phase.inputs, *phase.outputs):
             self.shape[binding.id] = (binding.shape, binding.dtype)
         for constant in phase.constants:
@@ -72,9 +79,19 @@ class PhaseLookup:
     def consumer_ops(self, tensor_id: str) -> list[NumberedOp]:
         return [self.op[i] for i in self.consumers.get(tensor_id, ())]
 
+    def op_module(self, op_index: int) -> str | None:
+        return self.modules[op_index] if 0 <= op_index < len(self.modules) else None
+
+    def op_layer(self, op_index: int) -> int | None:
+        return path_layer(self.op_module(op_index))
+
+    def module_of(self, tensor_id: str) -> str | None:
+        """The module of the op that makes the tensor (None for graph inputs)."""
+        index = self.producer.get(tensor_id)
+        return None if index is None else self.op_module(index)
+
     def layer_of(self, tensor_id: str) -> int | None:
-        op = self.producer_op(tensor_id)
-        return None if op is None else op.layer
+        return path_layer(self.module_of(tensor_id))
 
     def aligned(self, tensor: Tensor) -> int:
         return align_up(tensor.bytes, self.alignment)
@@ -102,26 +119,30 @@ class PhaseLookup:
 
 @dataclass(frozen=True)
 class Query:
-    """A filter typed into a search box: ``layer:3 prim:matmul q_proj`` (every term must match)."""
+    """A filter typed into a search box: ``layer:3 prim:matmul mod:q_proj t12`` (every term must
+    match; a plain word matches an id, a primitive or a module path)."""
 
     layer: int | None = None
     primitive: str | None = None
     buffer: int | None = None
     kind: str | None = None
     words: tuple[str, ...] = ()
+    module: str | None = None
 
     @property
     def empty(self) -> bool:
         return self == Query()
 
 
-_TERM = re.compile(r"^(layer|l|prim|primitive|p|buffer|buf|b|kind|k)[:=](.+)$", re.IGNORECASE)
+_TERM = re.compile(
+    r"^(layer|l|prim|primitive|p|buffer|buf|b|kind|k|module|mod|m)[:=](.+)$", re.IGNORECASE
+)
 
 
 def parse_query(text: str) -> Query:
     """Parse a filter; a malformed number (``layer:x``) is taken as a plain word, never an error."""
     layer = buffer = None
-    primitive = kind = None
+    primitive = kind = module = None
     words: list[str] = []
     for term in text.split():
         match = _TERM.match(term)
@@ -134,9 +155,11 @@ def parse_query(text: str) -> Query:
             primitive = value.lower()
         elif key in ("kind", "k"):
             kind = value.lower()
+        elif key in ("module", "mod", "m"):
+            module = value.lower()
         else:
             words.append(term.lower())
-    return Query(layer, primitive, buffer, kind, tuple(words))
+    return Query(layer, primitive, buffer, kind, tuple(words), module)
 
 
 def tensor_matches(index: PhaseLookup, tensor: Tensor, query: Query) -> bool:
@@ -144,7 +167,10 @@ def tensor_matches(index: PhaseLookup, tensor: Tensor, query: Query) -> bool:
         return True
     op = index.producer_op(tensor.id)
     primitive = op.primitive.lower() if op is not None else ""
-    if query.layer is not None and (op is None or op.layer != query.layer):
+    module = (index.module_of(tensor.id) or "").lower()
+    if query.layer is not None and index.layer_of(tensor.id) != query.layer:
+        return False
+    if query.module is not None and query.module not in module:
         return False
     if query.primitive is not None and query.primitive not in primitive:
         return False
@@ -153,7 +179,7 @@ def tensor_matches(index: PhaseLookup, tensor: Tensor, query: Query) -> bool:
     if query.kind is not None and not tensor.kind.startswith(query.kind):
         return False
     tensor_id = tensor.id.lower()
-    return all(w in tensor_id or w in primitive for w in query.words)
+    return all(w in tensor_id or w in primitive or w in module for w in query.words)
 
 
 @dataclass(frozen=True)
@@ -175,17 +201,35 @@ class Row:
     buffer: int | None = None
 
 
-def tensor_rows(index: PhaseLookup, query: Query = Query()) -> list[Row]:
-    """One row per tensor matching ``query``, in order of first slot (then plan order)."""
+def short_module(path: str | None) -> str:
+    """A module path as a row label has room for: the layer and the last names
+    (``model.layers.3.self_attn.q_proj`` -> ``3.self_attn.q_proj``)."""
+    if not path:
+        return ""
+    names = path.split(".")
+    cut = next((i for i, n in enumerate(names) if n.isdigit()), max(0, len(names) - 1))
+    return ".".join(names[cut:])
+
+
+def tensor_rows(index: PhaseLookup, query: Query = Query(), by_module: bool = False) -> list[Row]:
+    """One row per tensor matching ``query``, in order of first slot (then plan order); with
+    ``by_module``, grouped by the module that made it (module paths in order of first use)."""
     rows = []
     ordered = sorted(enumerate(index.phase.tensors), key=lambda p: (p[1].interval[0], p[0]))
+    if by_module:
+        first: dict[str, int] = {}
+        for k, (_, t) in enumerate(ordered):
+            first.setdefault(index.module_of(t.id) or "", k)
+        ordered.sort(
+            key=lambda p: first[index.module_of(p[1].id) or ""]
+        )  # stable: slot order within
     for _, t in ordered:
         if not tensor_matches(index, t, query):
             continue
         op = index.producer_op(t.id)
         what = op.primitive if op is not None else t.kind
-        layer = f"L{op.layer}" if op is not None and op.layer is not None else ""
-        label = f"{t.id:<11.11} {what:<16.16} {layer:>3}"
+        module = short_module(index.module_of(t.id))
+        label = f"{t.id:<6.6} {what:<14.14} {module:<22.22}"
         bar = Bar(t.interval[0], t.interval[1], t.id, t.buffer)
         rows.append(Row(t.id, label, (bar,), t.buffer))
     return rows
@@ -332,20 +376,24 @@ def describe_value(index: PhaseLookup, name: str) -> str:
     return f"{name}{fmt_shape(shape)} {dtype}"
 
 
-def op_matches(op: NumberedOp, query: Query) -> bool:
+def op_matches(op: NumberedOp, query: Query, module: str | None = None) -> bool:
+    """Whether ``op`` (made in ``module``) passes the filter."""
     if query.empty:
         return True
-    if query.layer is not None and op.layer != query.layer:
+    if query.layer is not None and path_layer(module) != query.layer:
         return False
     primitive = op.primitive.lower()
     if query.primitive is not None and query.primitive not in primitive:
         return False
+    where = (module or "").lower()
+    if query.module is not None and query.module not in where:
+        return False
     names = [n.lower() for n in (*op.inputs, *op.outputs)]
-    return all(w in primitive or any(w in n for n in names) for w in query.words)
+    return all(w in primitive or w in where or any(w in n for n in names) for w in query.words)
 
 
 def op_rows(index: PhaseLookup, query: Query = Query()) -> list[NumberedOp]:
-    return [op for op in index.ops if op_matches(op, query)]
+    return [op for op in index.ops if op_matches(op, query, index.op_module(op.index))]
 
 
 @dataclass
@@ -357,5 +405,7 @@ class PlanLookup:
 
     def phase(self, number: int) -> PhaseLookup:
         if number not in self._phases:
-            self._phases[number] = PhaseLookup(self.plan.phases[number], self.plan.target.alignment)
+            phase = self.plan.phases[number]
+            modules = op_modules(self.plan, phase)
+            self._phases[number] = PhaseLookup(phase, self.plan.target.alignment, modules)
         return self._phases[number]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dctms.figures.comparison import ENVELOPE_LABELS, Change, Delta, plan_diff
+from dctms.figures.module_diff import ModuleDelta, module_deltas
 from dctms.figures.units import human, parse_size
 from dctms.schema.errors import DctmsError
 from dctms.schema.types import Plan
@@ -76,8 +77,31 @@ def diff_data(
             "profiles": {"old": old.target.profile.name, "new": new.target.profile.name},
             "rows": [_roofline_row(r) for r in diff.roofline],
         },
+        "modules": [_module_row(r) for r in module_deltas(old, new)],
         "verdict": verdict(old.envelope.total, new.envelope.total, thresholds, budget),
     }
+
+
+def _module_row(row: ModuleDelta) -> dict[str, Any]:
+    return {
+        "phase": row.phase,
+        "module": row.module,
+        "old_peak": row.old_peak,
+        "new_peak": row.new_peak,
+        "peak_delta": row.peak_delta,
+        "old_bytes": row.old_bytes,
+        "new_bytes": row.new_bytes,
+        "bytes_delta": row.bytes_delta,
+    }
+
+
+MODULE_ROWS_SHOWN = 12  # text and markdown; the JSON lists every changed module
+
+
+def _module_title(data: dict[str, Any]) -> str:
+    n = len(data["modules"])
+    more = f", largest {MODULE_ROWS_SHOWN} of {n}" if n > MODULE_ROWS_SHOWN else ""
+    return f"intermediate bytes by module (layers as *; at the phase's peak and all tenants{more})"
 
 
 def _delta_row(row: Delta) -> dict[str, Any]:
@@ -297,6 +321,18 @@ def diff_text(data: dict[str, Any]) -> str:
             f"  {r['label']:<44} {_speed(r['old']):>12} {_speed(r['new']):>12} "
             f"{_signed_speed(r['delta']):>12} {_signed_pct(r['delta_percent']):>10}"
         )
+    if data["modules"]:
+        out += ["", _module_title(data)]
+        out.append(
+            f"  {'phase':<8} {'module':<40} {'peak old':>12} {'peak new':>12} {'peak delta':>12} "
+            f"{'tenants delta':>14}"
+        )
+        for r in data["modules"][:MODULE_ROWS_SHOWN]:
+            out.append(
+                f"  {r['phase']:<8} {r['module']:<40} {human(r['old_peak']):>12} "
+                f"{human(r['new_peak']):>12} {_signed_bytes(r['peak_delta']):>12} "
+                f"{_signed_bytes(r['bytes_delta']):>14}"
+            )
     out += ["", "(* = changed)", _verdict_line(data)]
     return "\n".join(out) + "\n"
 
@@ -344,5 +380,17 @@ def diff_markdown(data: dict[str, Any]) -> str:
             f"| {r['label']} | {_speed(r['old'])} | {_speed(r['new'])} | "
             f"{_signed_speed(r['delta'])} | {_signed_pct(r['delta_percent'])} |"
         )
+    if data["modules"]:
+        out += [
+            "",
+            f"| {_module_title(data)} | phase | peak old | peak new | Δ peak | Δ tenants |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for r in data["modules"][:MODULE_ROWS_SHOWN]:
+            out.append(
+                f"| `{r['module']}` | {r['phase']} | {human(r['old_peak'])} | "
+                f"{human(r['new_peak'])} | {_signed_bytes(r['peak_delta'])} | "
+                f"{_signed_bytes(r['bytes_delta'])} |"
+            )
     out += ["", f"{icon} **{_verdict_line(data)}**"]
     return "\n".join(out) + "\n"

@@ -3,9 +3,10 @@
 * ``lifetimes``: every arena tenant as a bar on a time axis measured in schedule slots, one row per
   physical buffer (tenants of one buffer never overlap in time, so a row never overlaps itself).
 * ``buffers``: the interval colouring: each physical buffer with the tensors that reuse it.
-* ``graph``: the op graph, clustered by decoder layer (``Op.layer``; None = the "model" cluster),
-  edges labelled with the shape that flows along them. Large selections are collapsed to one node per
-  layer: a flat 3,000-op graph is unreadable and took Graphviz about two CPU-minutes to lay out.
+* ``graph``: the op graph, clustered by decoder layer and inside it by the module that made each op
+  (``Phase.modules``; ops outside the layers form the "model" cluster), edges labelled with the
+  shape that flows along them. Large selections are collapsed to one node per layer: a flat 3,000-op
+  graph is unreadable and took Graphviz about two CPU-minutes to lay out.
 
 Only the op graph draws edges between ops; weights and constants are never drawn (700 weight nodes
 would bury the structure), per-call inputs and the KV cache are. Labels break lines with Graphviz's
@@ -21,6 +22,7 @@ import graphviz
 
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
+from dctms.schema.modules import op_layers, op_modules
 from dctms.schema.numbered import NumberedOp, numbered_ops
 from dctms.schema.phase_index import build_index
 from dctms.schema.sizes import is_arena_tenant
@@ -74,14 +76,15 @@ def in_range(layer: int | None, layers: Layers | None) -> bool:
     return layer is not None and layers[0] <= layer <= layers[1]
 
 
-def tensor_layers(phase: Phase) -> dict[str, int | None]:
+def tensor_layers(plan: Plan, phase: Phase) -> dict[str, int | None]:
     """Tensor id -> decoder layer of the op that writes it (scratch tensors: the op they serve)."""
     index = build_index(phase, "$")
-    return {tid: phase.ops[pos].layer for tid, pos in index.producer.items()}
+    of_op = op_layers(plan, phase)
+    return {tid: of_op[pos] for tid, pos in index.producer.items()}
 
 
-def _tenants(phase: Phase, layers: Layers | None) -> list[Tensor]:
-    of_layer = tensor_layers(phase)
+def _tenants(plan: Plan, phase: Phase, layers: Layers | None) -> list[Tensor]:
+    of_layer = tensor_layers(plan, phase)
     return [t for t in phase.tensors if is_arena_tenant(t) and in_range(of_layer.get(t.id), layers)]
 
 
@@ -106,7 +109,7 @@ def _tooltip(t: Tensor) -> str:
 
 def lifetimes_graph(plan: Plan, phase: Phase, layers: Layers | None = None) -> graphviz.Digraph:
     """Arena tenants as bars on a slot axis, one row per physical buffer (neato, pinned positions)."""
-    tenants = _tenants(phase, layers)
+    tenants = _tenants(plan, phase, layers)
     if not tenants:
         raise DctmsError(f"{phase.name}: no arena tenants in the selection")
     first = min(t.interval[0] for t in tenants)
@@ -197,7 +200,7 @@ def buffers_graph(
     plan: Plan, phase: Phase, layers: Layers | None = None, columns: int = 6
 ) -> graphviz.Digraph:
     """Each physical buffer as a table of the tensors that reuse it, in order of first use."""
-    tenants = _tenants(phase, layers)
+    tenants = _tenants(plan, phase, layers)
     by_buffer: dict[int | None, list[Tensor]] = defaultdict(list)
     for t in tenants:
         by_buffer[t.buffer].append(t)
@@ -272,7 +275,8 @@ def op_graph(
 ) -> tuple[graphviz.Digraph, bool]:
     """The op graph and whether it was collapsed to layers (selections over ``FLAT_LIMIT`` ops are,
     unless ``flat``)."""
-    selected = [op for op in numbered_ops(phase) if in_range(op.layer, layers)]
+    of_op = op_layers(plan, phase)
+    selected = [op for op in numbered_ops(phase) if in_range(of_op[op.index], layers)]
     if not selected:
         raise DctmsError(f"{phase.name}: no ops in the selection")
     collapsed = not flat and len(selected) > FLAT_LIMIT
@@ -313,20 +317,31 @@ def _flat_graph(
     g.attr("node", fontname=_FONT, fontsize="9", shape="box", style="rounded,filled")
     g.attr("edge", fontname=_FONT, fontsize="7", color="#666666")
     chosen = {op.index for op in selected}
+    of_layer, of_module = op_layers(plan, phase), op_modules(plan, phase)
     by_layer: dict[int | None, list[NumberedOp]] = defaultdict(list)
     for op in selected:
-        by_layer[op.layer].append(op)
+        by_layer[of_layer[op.index]].append(op)
     for layer, ops in sorted(by_layer.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0)):
         key = "model" if layer is None else str(layer)
         with g.subgraph(name=f"cluster_{key}") as c:
             c.attr(label=layer_name(layer), style="rounded", color="#999999")
+            by_module: dict[str, list[NumberedOp]] = defaultdict(list)
             for op in ops:
-                c.node(
-                    f"op{op.index}",
-                    label=f"{op.primitive}\\n#{op.index}",
-                    fillcolor="#fdd0a2" if op.memory_bound else "#f0f0f0",
-                    tooltip=f"op {op.index} {op.primitive} -> {', '.join(op.outputs)}",
-                )
+                by_module[of_module[op.index] or ""].append(op)
+            for k, (module, members) in enumerate(by_module.items()):
+                with c.subgraph(name=f"cluster_{key}_{k}") as m:
+                    if module:
+                        m.attr(label=_module_label(module), style="dashed", color="#bbbbbb")
+                    else:
+                        m.attr(label="", style="invis")
+                    for op in members:
+                        m.node(
+                            f"op{op.index}",
+                            label=f"{op.primitive}\\n#{op.index}",
+                            fillcolor="#fdd0a2" if op.memory_bound else "#f0f0f0",
+                            tooltip=f"op {op.index} {op.primitive} ({module or 'no module'}) -> "
+                            f"{', '.join(op.outputs)}",
+                        )
     sources, shapes = _sources(phase), _shapes(phase)
     external: set[str] = set()
     for op in selected:
@@ -348,10 +363,17 @@ def _flat_graph(
             elif src.op.index in chosen:
                 tail = f"op{src.op.index}"
             else:
-                tail = _outside(g, external, src.op.layer)
+                tail = _outside(g, external, of_layer[src.op.index])
             g.edge(tail, f"op{op.index}", label=shapes.get(t, ""))
-    _flat_outputs(g, phase, selected, chosen, external, shapes)
+    _flat_outputs(g, phase, selected, chosen, external, shapes, of_layer)
     return g
+
+
+def _module_label(path: str) -> str:
+    """A module cluster's label: its path below the layer (``self_attn.q_proj``)."""
+    names = path.split(".")
+    cut = next((i + 1 for i, n in enumerate(names) if n.isdigit()), 0)
+    return ".".join(names[cut:]) or path
 
 
 def _outside(g: graphviz.Digraph, seen: set[str], layer: int | None) -> str:
@@ -370,12 +392,13 @@ def _flat_outputs(
     chosen: set[int],
     external: set[str],
     shapes: dict[str, str],
+    of_layer: list[int | None],
 ) -> None:
     readers: dict[str, set[int | None]] = defaultdict(set)
     for op in numbered_ops(phase):
         if op.index not in chosen:
             for t in op.inputs:
-                readers[t].add(op.layer)
+                readers[t].add(of_layer[op.index])
     outputs = {b.id: b for b in phase.outputs if b.kind == "output"}
     for op in selected:
         for t in op.outputs:
@@ -390,7 +413,7 @@ def _layer_graph(
     plan: Plan, phase: Phase, selected: list[NumberedOp], layers: Layers | None
 ) -> graphviz.Digraph:
     """One node per layer; "model" ops split by whether they run before or after the layers."""
-    group = _groups(phase)
+    group = _groups(phase, op_layers(plan, phase))
     chosen = {op.index for op in selected}
     g = graphviz.Digraph("graph")
     what = (
@@ -451,14 +474,14 @@ def _layer_graph(
     return g
 
 
-def _groups(phase: Phase) -> dict[int, str]:
+def _groups(phase: Phase, of_layer: list[int | None]) -> dict[int, str]:
     """Op index -> collapsed group: "layer k", or for model-level ops "model (before layers)" /
     "model (after layers)" depending on whether they read anything a layer computed."""
     after_layers: set[str] = set()  # tensors that depend on some layer's output
     group: dict[int, str] = {}
     for op in numbered_ops(phase):  # ops are in schedule order, so producers come first
-        if op.layer is not None:
-            group[op.index] = f"layer {op.layer}"
+        if of_layer[op.index] is not None:
+            group[op.index] = f"layer {of_layer[op.index]}"
             after_layers.update(op.outputs)
         elif any(t in after_layers for t in op.inputs):
             group[op.index] = "model (after layers)"

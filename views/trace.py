@@ -1,8 +1,11 @@
 """A plan's memory as a Chrome/Perfetto trace (JSON trace event format), as plain data.
 
 One process per phase. Each arena tenant is a complete event ("ph": "X") on the track of its physical
-buffer (tenants of one buffer never overlap in time, so a track never stacks); counters ("ph": "C")
-give the live bytes and the arena extent in use per slot; sync points are instant events.
+buffer (tenants of one buffer never overlap in time, so a track never stacks), named by the module
+that made it (``model.layers.3.self_attn: ALV [1,4,7,512,2048] bfloat16``); a "modules" track holds
+one slice per run of slots whose ops one module made (category "module"), so a viewer's
+aggregation by name sums time per module; counters ("ph": "C") give the live bytes and the arena
+extent in use per slot; sync points are instant events.
 
 Time is schedule slots, not microseconds: the format only has microsecond timestamps, so ``ts`` is
 the first slot and ``dur`` the number of slots, and a viewer's "1 us" means one slot. The trace says
@@ -18,9 +21,10 @@ import numpy as np
 
 from dctms.figures.units import human
 from dctms.figures.vision import stream_of
+from dctms.schema.modules import op_modules, path_layer
 from dctms.schema.phase_index import build_index
 from dctms.schema.sizes import align_up, is_arena_tenant
-from dctms.schema.types import Phase, Plan
+from dctms.schema.types import Phase, Plan, Scratch
 
 TIME_UNIT_NOTE = (
     "ts and dur count schedule slots (ops in one slot run together), not time: "
@@ -59,15 +63,19 @@ def phase_events(plan: Plan, phase: Phase, pid: int) -> list[dict[str, Any]]:
     """Metadata, tenant, counter and sync-point events of one phase (process ``pid``)."""
     align = plan.target.alignment
     index = build_index(phase, "$")
+    modules = op_modules(plan, phase)
     tenants = [t for t in phase.tensors if is_arena_tenant(t)]
-    events = _metadata(phase, pid, {t.buffer for t in tenants})
+    buffers = {t.buffer for t in tenants}
+    events = _metadata(phase, pid, buffers)
     for t in tenants:
         s, e = t.interval
-        position = index.producer.get(t.id)
+        position = t.op if isinstance(t, Scratch) else index.producer.get(t.id)
         op = None if position is None else phase.ops[position]
+        module = None if position is None else modules[position]
+        what = f"{t.id} [{','.join(map(str, t.shape))}] {t.dtype}"
         events.append(
             {
-                "name": f"{t.id} [{','.join(map(str, t.shape))}] {t.dtype}",
+                "name": what if module is None else f"{module}: {what}",
                 "cat": t.kind,
                 "ph": "X",
                 "pid": pid,
@@ -84,10 +92,14 @@ def phase_events(plan: Plan, phase: Phase, pid: int) -> list[dict[str, Any]]:
                     "dtype": t.dtype,
                     "slots": [s, e],
                     "op": None if op is None else f"{op.primitive} #{position}",
-                    "layer": None if op is None else op.layer,
+                    "module": module,
+                    "layer": path_layer(module),
                 },
             }
         )
+    events += _module_track(
+        phase, modules, pid, max((b for b in buffers if b is not None), default=-1) + 2
+    )
     events += _counters(phase, pid, align)
     for sp in phase.sync_points:
         events.append(
@@ -101,6 +113,46 @@ def phase_events(plan: Plan, phase: Phase, pid: int) -> list[dict[str, Any]]:
                 "args": {"slot": sp.slot, "evaluates": len(sp.evaluate)},
             }
         )
+    return events
+
+
+def _module_track(
+    phase: Phase, modules: list[str | None], pid: int, tid: int
+) -> list[dict[str, Any]]:
+    """One slice per run of slots whose first op one module made (none without module paths)."""
+    per_slot = [modules[ops[0]] if ops else None for ops in phase.slots]
+    if all(m is None for m in per_slot):
+        return []
+    events: list[dict[str, Any]] = [
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": "modules"}},
+        {
+            "name": "thread_sort_index",
+            "ph": "M",
+            "pid": pid,
+            "tid": tid,
+            "args": {"sort_index": -1},
+        },
+    ]
+    start = 0
+    for slot in range(1, len(per_slot) + 1):
+        if slot < len(per_slot) and per_slot[slot] == per_slot[start]:
+            continue
+        module = per_slot[start]
+        if module is not None:
+            ops = sum(len(phase.slots[k]) for k in range(start, slot))
+            events.append(
+                {
+                    "name": module,
+                    "cat": "module",
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": start,
+                    "dur": slot - start,
+                    "args": {"module": module, "slots": [start, slot - 1], "ops": ops},
+                }
+            )
+        start = slot
     return events
 
 

@@ -101,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
     if args.resamples < 1:
         raise DctmsError(f"--resamples must be at least 1, got {args.resamples}")
     plan = load_checked_plan(args.plan)
+    if plan.vision is not None:
+        raise DctmsError(
+            "a vision-language plan: its benchmark is bench/vlm.py (TTFT overlapped vs serial "
+            "vs mlx-vlm); run it with `dctms run PLAN --image FILE`"
+        )
     model = open_model_folder(args.model)
     bounds = plan.bounds
     max_tokens = args.max_tokens

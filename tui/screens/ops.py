@@ -1,4 +1,5 @@
-"""Ops: every primitive of the phase with its layer, slot, inputs and outputs (shapes), searchable."""
+"""Ops: every primitive of the phase with its module, slot, inputs and outputs (shapes), searchable;
+sorting by the module column groups the ops by module."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dctms.tui.widgets.table import Column, VirtualTable
 COLUMNS = [
     Column("op", "op", numeric=True),
     Column("primitive", "primitive"),
-    Column("layer", "layer", numeric=True),
+    Column("module", "module", max_width=40),
     Column("slot", "slot", numeric=True),
     Column("inputs", "inputs", max_width=44),
     Column("outputs", "outputs", max_width=28),
@@ -31,10 +32,16 @@ def short_value(index: PhaseLookup, name: str) -> str:
     return name if known is None else f"{name}{fmt_shape(known[0])}"
 
 
+def input_text(index: PhaseLookup, name: str) -> str:
+    """An op input with its shape, and the parameter or state it is bound to (weights by name)."""
+    bound = index.bound_name.get(name)
+    return describe_value(index, name) + (f" = {bound}" if bound else "")
+
+
 class OpsScreen(SearchScreen):
     MODE = "ops"
     TITLE = "Ops"
-    SEARCH_PLACEHOLDER = "/ search: primitive, tensor id, layer:N, prim:NAME"
+    SEARCH_PLACEHOLDER = "/ search: primitive, tensor id, module, mod:q_proj, layer:N, prim:NAME"
 
     def __init__(self) -> None:
         super().__init__()
@@ -66,7 +73,7 @@ class OpsScreen(SearchScreen):
                 (
                     str(op.index),
                     op.primitive,
-                    "" if op.layer is None else str(op.layer),
+                    index.op_module(op.index) or "",
                     str(index.slot_of_op.get(op.index, "")),
                     " ".join(short_value(index, n) for n in op.inputs),
                     " ".join(short_value(index, n) for n in op.outputs),
@@ -100,8 +107,9 @@ class OpsScreen(SearchScreen):
         if len(args) > MAX_ARGS_TEXT:
             args = args[: MAX_ARGS_TEXT - 1] + "…"
         head = f"[b]op {op.index} {op.primitive}[/b]  slot {index.slot_of_op.get(op.index)}"
-        if op.layer is not None:
-            head += f"  layer {op.layer}"
+        module = index.op_module(op.index)
+        if module is not None:
+            head += f"  module {escape(module)}"
         if op.memory_bound:
             head += "  memory-bound"
         if op.scratch:
@@ -109,7 +117,7 @@ class OpsScreen(SearchScreen):
         return "\n".join(
             [
                 head,
-                "inputs:  " + escape(", ".join(describe_value(index, n) for n in op.inputs)),
+                "inputs:  " + escape(", ".join(input_text(index, n) for n in op.inputs)),
                 "outputs: " + escape(", ".join(describe_value(index, n) for n in op.outputs)),
                 "args:    " + escape(args),
             ]

@@ -1,13 +1,16 @@
-"""Overview: bounds, the envelope bar (M_max, device, M_free), Table 1, arena vs lower bound, and the
-plan on its target's roofline (predicted decode tok/s and TTFT)."""
+"""Overview: bounds, the envelope bar (M_max, device, M_free), the top findings of ``dctms explain``
+(from the plan alone: what drives each component, the module behind each peak), Table 1, arena vs
+lower bound, and the plan on its target's roofline (predicted decode tok/s and TTFT)."""
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
 
+from dctms.figures.explain import explain
 from dctms.figures.overview import (
     PARTS_RULE,
     arena_rows,
@@ -45,6 +48,7 @@ class OverviewScreen(InspectorScreen):
             )
             yield Static("[b]Memory envelope[/b]", classes="section")
             yield EnvelopeBar(plan.envelope, id="envelope")
+            yield Static("[dim]findings: computing...[/dim]", id="findings", classes="figure")
             if plan.draft is not None:
                 yield Static(self._models(), id="models", classes="figure")
             with Horizontal(id="figures"):
@@ -58,7 +62,14 @@ class OverviewScreen(InspectorScreen):
         self.call_after_refresh(lambda: self.set_timer(0.05, self._show_roofline))
 
     def _show_roofline(self) -> None:
+        self.query_one("#findings", Static).update(self._findings())
         self.query_one("#roofline", Static).update(self._roofline())
+
+    def _findings(self) -> str:
+        lines = explain(self.inspection.plan).findings
+        return "[b]Findings[/b] [dim](dctms explain PLAN adds what each knob changes)[/dim]\n" + (
+            "\n".join(f"  • {escape(line)}" for line in lines)
+        )
 
     def _bounds(self) -> Table:
         table = Table(title="Bounds", title_justify="left", show_header=False, box=None)

@@ -76,7 +76,13 @@ class ScheduleScreen(SearchScreen):
 
     def refill(self) -> None:
         query = self.query_filter
-        shown = [r for r in self.rows if query.empty or any(op_matches(op, query) for op in r.ops)]
+        index = self.index
+        assert index is not None
+        shown = [
+            r
+            for r in self.rows
+            if query.empty or any(op_matches(op, query, index.op_module(op.index)) for op in r.ops)
+        ]
         self.query_one("#slots", VirtualTable).set_rows(
             [
                 (
@@ -117,9 +123,11 @@ class ScheduleScreen(SearchScreen):
 
     def slot_text(self, slot: int) -> str:
         row = self.rows[slot]
+        index = self.index
+        assert index is not None
         ops = "\n".join(
             f"  op {op.index} {op.primitive}"
-            + ("" if op.layer is None else f" (layer {op.layer})")
+            + ("" if index.op_module(op.index) is None else f" ({index.op_module(op.index)})")
             + (" memory-bound" if op.memory_bound else "")
             + f": {', '.join(op.inputs)} -> {', '.join(op.outputs)}"
             for op in row.ops
