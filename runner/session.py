@@ -21,9 +21,9 @@ import mlx.core as mx
 
 from dctms.runner.execute import PhaseProgram
 from dctms.runner.load import check_fingerprint, configure_mlx, load_weights
+from dctms.runner.mlx_lm_calls import START, prefill_like_mlx_lm
 from dctms.runner.prerecord import decode_point, prefill_chunks, union_points
 from dctms.runner.primitives import dtype_from_name
-from dctms.runner.quantized_kv import START, prefill_like_mlx_lm
 from dctms.runner.request import Request
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
@@ -44,7 +44,7 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
         "prefill": padded - b.prefill_chunk,
         "decode": max(0, b.input_tokens + b.output_tokens - 2),
         # a quantised cache's float calls: the first prompt piece, or those starting below its
-        # quantized_start T (runner.quantized_kv)
+        # quantized_start T (runner.mlx_lm_calls)
         START: _last_float_start(b),
         "decode_start": b.kv.quantized_start - 1,
         "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
@@ -156,7 +156,7 @@ class Session:
         self.prefill = PhaseProgram(phases["prefill"])
         self.decode = PhaseProgram(phases["decode"])
         self.prefill_start = PhaseProgram(phases[START]) if START in phases else None
-        # float decode steps below a quantised cache's quantized_start (runner.quantized_kv)
+        # float decode steps below a quantised cache's quantized_start (runner.mlx_lm_calls)
         self.decode_start = PhaseProgram(phases["decode_start"]) if "decode_start" in phases else None
         self.quantized_start = plan.bounds.kv.quantized_start
         self.recurrent = any(s.recurrent for s in plan.state)

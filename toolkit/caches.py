@@ -2,20 +2,20 @@
 
 mlx-lm's models talk to their cache through a small protocol (``update_and_fetch``, ``make_mask``,
 ``offset``; a quantised cache also has ``bits`` and ``group_size``, which switches the model's
-attention to ``quantized_scaled_dot_product_attention``). Tracing replaces mlx-lm's growing caches
-by fixed-size arrays written at an array position, so one graph serves every call:
+attention to ``quantized_scaled_dot_product_attention``; a recurrent one is an ``ArraysCache``).
+Tracing replaces mlx-lm's growing caches by fixed-size arrays written at an array position, so one
+graph serves every call (``CACHE_SUPPORT`` lists every cache class and what becomes of it):
 
 * a plain KV cache (``trace.StaticKVCache``): keys and values of ``capacity`` positions;
 * a quantised KV cache (``--kv-bits``, mlx-lm's ``QuantizedKVCache``): for keys and for values the
   packed uint32 words, the scales and the biases ``mx.quantize`` makes, each of ``capacity``
-  positions; every call quantises the new keys and values and attends over the quantised cache with
-  MLX's quantised matmuls, exactly as mlx-lm does once its cache is quantised.
-
-mlx-lm quantises its cache after a model call whose end offset reaches ``quantized_kv_start``
-(``generate.maybe_quantize_kv_cache``); before that the call attends in the float dtype. With a
-start of 0 only the very first call (at position 0, which attends over its own tokens only) runs in
-float: the plan carries it as the phase ``prefill_start``, which writes the quantised cache and
-attends over its own float keys and values.
+  positions; calls quantise their new keys and values and, once mlx-lm would have converted its
+  cache (``quantized_kv_start``), attend over the quantised cache with MLX's quantised matmuls.
+  The calls before (the first one at least) attend in float: ``prefill_start`` / ``decode_start``;
+* a sliding-window layer (``RotatingKVCache``): a ring of a whole number of chunks written at
+  ``position mod slots`` (``RingKVCache``; ``KeepRingKVCache`` when it keeps tokens, as
+  ``--max-kv-size`` does), masked to what mlx-lm's buffer holds;
+* recurrent state (``ArraysCache``): its arrays at their fixed shapes (``StaticArraysCache``).
 """
 
 from __future__ import annotations
