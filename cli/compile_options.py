@@ -96,8 +96,8 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         type=int,
         default=0,
         metavar="T",
-        help="quantise the cache after the call that reaches T tokens (only 0 is planned; "
-        "mlx-lm's own default is 5000)",
+        help="quantise the cache after the call that reaches T tokens; calls before attend in "
+        "float (default 0; mlx-lm's own default is 5000)",
     )
     kv.add_argument(
         "--max-kv-size",

@@ -21,9 +21,9 @@ import mlx.core as mx
 
 from dctms.runner.execute import PhaseProgram
 from dctms.runner.load import check_fingerprint, configure_mlx, load_weights
+from dctms.runner.mlx_lm_calls import START, prefill_like_mlx_lm
 from dctms.runner.prerecord import decode_point, prefill_chunks, union_points
 from dctms.runner.primitives import dtype_from_name
-from dctms.runner.quantized_kv import START, prefill_like_mlx_lm
 from dctms.runner.request import Request
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
@@ -43,7 +43,10 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
     last_start = {
         "prefill": padded - b.prefill_chunk,
         "decode": max(0, b.input_tokens + b.output_tokens - 2),
-        START: 0,  # a quantised cache's first prompt piece (runner.quantized_kv)
+        # a quantised cache's float calls: the first prompt piece, or those starting below its
+        # quantized_start T (runner.mlx_lm_calls)
+        START: _last_float_start(b),
+        "decode_start": b.kv.quantized_start - 1,
         "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
     }
     for phase in plan.phases:
@@ -75,6 +78,12 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
                     f"{phase.name} writes {w.state} up to position {end}, but the array "
                     f"allocated for it holds {size} along axis {w.axis}"
                 )
+
+
+def _last_float_start(b) -> int:
+    """The last start of a ``prefill_start`` call: 0, or the last chunk start below T."""
+    t = b.kv.quantized_start
+    return (t - 1) // b.prefill_chunk * b.prefill_chunk if t > 0 else 0
 
 
 def throttle_limit(plan: Plan) -> int:
@@ -147,6 +156,9 @@ class Session:
         self.prefill = PhaseProgram(phases["prefill"])
         self.decode = PhaseProgram(phases["decode"])
         self.prefill_start = PhaseProgram(phases[START]) if START in phases else None
+        # float decode steps below a quantised cache's quantized_start (runner.mlx_lm_calls)
+        self.decode_start = PhaseProgram(phases["decode_start"]) if "decode_start" in phases else None
+        self.quantized_start = plan.bounds.kv.quantized_start
         self.recurrent = any(s.recurrent for s in plan.state)
         # a rotating cache that keeps tokens: mlx-lm's call boundaries decide what a query sees
         self.keeps = any(s.window is not None and s.window.keep for s in plan.state)
@@ -156,8 +168,9 @@ class Session:
         """What this session keeps allocated between calls: weights, KV state, constants."""
         arrays = [*self.weights.values(), *self.state.values()]
         arrays += [*self.prefill.constants.values(), *self.decode.constants.values()]
-        if self.prefill_start is not None:
-            arrays += self.prefill_start.constants.values()
+        for extra in (self.prefill_start, self.decode_start):
+            if extra is not None:
+                arrays += extra.constants.values()
         return sum(a.nbytes for a in arrays)
 
     def apply_limits(self, foreign_bytes: int = 0) -> None:
@@ -237,8 +250,11 @@ class Session:
         return Prerecorded(done, time.perf_counter() - start)
 
     def _decode(self, token: mx.array, position: int) -> mx.array:
-        point = decode_point(self.decode.lengths, position)
-        out = self.decode.run(
+        program = self.decode
+        if self.decode_start is not None and position < self.quantized_start:
+            program = self.decode_start  # before mlx-lm would have quantised its cache
+        point = decode_point(program.lengths, position)
+        out = program.run(
             {"tokens": token, "position": mx.array(position, dtype=mx.int32)},
             self.weights,
             self.state,

@@ -27,6 +27,7 @@ RUNNER_INPUTS = {
 OPTIONAL_INPUTS = {
     "verify": ("tokens", "position"),
     "prefill_start": ("tokens", "position", "last_index"),
+    "decode_start": ("tokens", "position"),  # a quantised cache's float steps before its switch
 }
 RESULT = "next_token"
 # What a vision-language plan's text phases are fed besides (see ``rules_vision``): the features
@@ -88,7 +89,7 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
                 f"{px.phase.tokens}, but the runner feeds prefill_chunk = "
                 f"{plan.bounds.prefill_chunk} tokens per prefill call",
             )
-        if px.phase.name == "decode" and px.phase.tokens != 1:
+        if px.phase.name in ("decode", "decode_start") and px.phase.tokens != 1:
             yield f"{px.path}.tokens", f"{px.phase.tokens}, but decode processes one token per call"
 
 
@@ -96,13 +97,21 @@ def quantized_start(ix: PlanIndex) -> Iterator[Finding]:
     """A quantised KV cache (``bounds.kv.bits``) has the ``prefill_start`` phase its first call runs
     (float attention, as mlx-lm's call before it quantises its cache), and only such a plan has."""
     plan = ix.plan
-    has = any(p.name == "prefill_start" for p in plan.phases)
-    if plan.bounds.kv.bits is not None and not has and runnable(plan):
+    kv = plan.bounds.kv
+    names = {p.name for p in plan.phases}
+    has = "prefill_start" in names
+    if kv.bits is not None and not has and runnable(plan):
         yield "$.phases", "a quantised KV cache needs the prefill_start phase (its first call)"
-    if plan.bounds.kv.bits is None and has:
+    if kv.bits is None and has:
         yield (
             "$.phases",
             "prefill_start is the first call of a quantised KV cache, but bounds.kv has no bits",
+        )
+    later = kv.bits is not None and kv.quantized_start > 0
+    if later != ("decode_start" in names) and runnable(plan):
+        yield "$.phases", (
+            "decode_start (the float steps before a quantised cache's switch) belongs exactly to "
+            f"plans with bounds.kv bits and quantized_start > 0 (got {kv.bits}, {kv.quantized_start})"
         )
 
 
@@ -163,7 +172,7 @@ def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
                     )
             elif w.modulus is not None or target.window is not None:
                 yield from _ring_write(px, w, target, size, plan.bounds.prefill_chunk)
-            elif size < capacity:
+            elif size < capacity and not _float_before_switch(plan, px.phase.name, size):
                 yield (
                     where,
                     (
@@ -171,6 +180,15 @@ def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
                         f"smaller than bounds.kv_capacity {capacity}"
                     ),
                 )
+
+
+def _float_before_switch(plan, phase: str, size: int) -> bool:
+    """A quantised cache's float state is written only by the float phases, which the runner
+    calls below bounds.kv.quantized_start T: their writes end by ceil(T / chunk) * chunk."""
+    kv, chunk = plan.bounds.kv, plan.bounds.prefill_chunk
+    if kv.bits is None or kv.quantized_start < 1 or phase not in ("prefill_start", "decode_start"):
+        return False
+    return size >= -(-kv.quantized_start // chunk) * chunk
 
 
 # The phases whose calls start at a multiple of bounds.prefill_chunk (the runner's prompt pieces).

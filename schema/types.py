@@ -62,6 +62,9 @@ class KVStorage(_Base):
     dtype: Name
     bits: Positive | None = None
     group_size: Positive | None = None
+    # mlx-lm's quantized_kv_start T: calls starting below T attend in float (the state named
+    # "<cache>.float" holds their keys and values), the later ones over the quantised cache
+    quantized_start: Int = 0
 
 
 class Bounds(_Base):

@@ -188,6 +188,62 @@ def test_runner_matches_mlx_lm_with_a_quantised_cache(built, setting, length, tm
     print(f"{setting} L={length}: provable/observed {report['envelope_over_observed']:.4f}")
 
 
+START = 40  # --quantized-kv-start: calls starting below 40 attend in float, as in mlx-lm
+
+
+@pytest.fixture(scope="module")
+def later_start_built(built):
+    from dctms.schema.io import write_plan
+
+    folder, _, _, model = built(*SETTINGS[0])
+    bits, group = SETTINGS[0][1:]
+    opts = CompileOptions(
+        N, M, prefill_chunk=CHUNK, kv_bits=bits, kv_group_size=group, quantized_kv_start=START
+    )
+    plan = compile_plan(open_model(folder), opts)
+    write_plan(plan, folder / "later-start.plan")
+    return folder, plan, folder / "later-start.plan", model
+
+
+def test_a_later_start_keeps_a_float_cache_until_the_switch(built, later_start_built) -> None:
+    _, plan, _, model = later_start_built
+    assert verify_plan(plan) == []
+    assert plan.bounds.kv.quantized_start == START
+    assert {p.name for p in plan.phases} == {"prefill_start", "decode_start", "prefill", "decode"}
+    floats = [s for s in plan.state if s.name.endswith(".float")]
+    # the chunks starting below 40 write up to 48 = ceil(40 / 16) * 16, plus the spare position
+    assert len(floats) == 2 * plan.model.num_layers and {s.shape[2] for s in floats} == {49}
+    _, cache = mlx_lm_generate(model, prompt_ids(20), 4)  # no quantisation yet: float KVCache
+    float_per_position = sum(c.nbytes // c.keys.shape[2] for c in cache)
+    assert sum(s.bytes for s in floats) == float_per_position * 49
+    quantised = [s for s in plan.state if s.kind == "kv" and not s.name.endswith(".float")]
+    # beside it, the same quantised cache as a start-0 plan's
+    assert sum(s.bytes for s in quantised) == built(*SETTINGS[0])[1].envelope.kv
+
+
+@pytest.mark.parametrize(
+    "length",
+    [pytest.param(p, marks=() if p == 33 else pytest.mark.slow) for p in (1, 16, 33, 41, N)],
+)
+def test_runner_matches_mlx_lm_with_a_later_start(later_start_built, length, tmp_path) -> None:
+    """Prompts ending before, at and after the switch at 40 (and generations crossing it)."""
+    folder, _, path, model = later_start_built
+    bits, group = SETTINGS[0][1:]
+    settings = {"kv_bits": bits, "kv_group_size": group, "quantized_kv_start": START}
+    expected, _ = mlx_lm_generate(model, prompt_ids(length), K, **settings)
+    proc = run_plan(path, folder, prompt_ids(length), K, tmp_path / "report.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tokens"] == expected
+    assert report["within_envelope"], report["observed"]
+    if length == 33:  # not vacuous: the start changes mlx-lm's ids (against 0 and no quantisation)
+        assert (
+            expected != mlx_lm_generate(model, prompt_ids(length), K, **kv_settings(bits, group))[0]
+        )
+        assert expected != mlx_lm_generate(model, prompt_ids(length), K)[0]
+    print(f"start {START} L={length}: provable/observed {report['envelope_over_observed']:.4f}")
+
+
 def test_quantisation_changes_the_reference(built) -> None:
     """Not vacuous: the quantised cache changes mlx-lm's own greedy ids on this model."""
     *_, model = built(*SETTINGS[0])
@@ -204,7 +260,7 @@ def test_bad_kv_settings_are_refused(tmp_path: Path) -> None:
         (dict(kv_bits=3), "--kv-bits must be one of 4, 8"),
         (dict(kv_bits=4, kv_group_size=48), "--kv-group-size must be one of"),
         (dict(kv_bits=4, kv_group_size=64), "does not divide the model's head dimension 32"),
-        (dict(kv_bits=4, kv_group_size=32, quantized_kv_start=100), "only 0 is planned"),
+        (dict(kv_bits=4, kv_group_size=32, quantized_kv_start=-1), "must be 0 or more"),
         (dict(kv_bits=4, kv_group_size=32, max_kv_size=12), "quantised sliding-window"),
     ]:
         with pytest.raises(DctmsError, match=needle):

@@ -545,6 +545,13 @@ CASES: list[tuple[str, str, Break]] = [
         "a prefill_start phase over a float KV cache",
         lambda p: replace(p, phases=[*p.phases, replace(P0(p), name="prefill_start")]),
     ),
+    (
+        "quantized_start",
+        "a decode_start phase over a float KV cache",
+        lambda p: replace(
+            _with_prefill(p), phases=[*_with_prefill(p).phases, replace(P0(p), name="decode_start")]
+        ),
+    ),
     ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
     ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),

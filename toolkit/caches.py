@@ -2,24 +2,25 @@
 
 mlx-lm's models talk to their cache through a small protocol (``update_and_fetch``, ``make_mask``,
 ``offset``; a quantised cache also has ``bits`` and ``group_size``, which switches the model's
-attention to ``quantized_scaled_dot_product_attention``). Tracing replaces mlx-lm's growing caches
-by fixed-size arrays written at an array position, so one graph serves every call:
+attention to ``quantized_scaled_dot_product_attention``; a recurrent one is an ``ArraysCache``).
+Tracing replaces mlx-lm's growing caches by fixed-size arrays written at an array position, so one
+graph serves every call (``CACHE_SUPPORT`` lists every cache class and what becomes of it):
 
 * a plain KV cache (``trace.StaticKVCache``): keys and values of ``capacity`` positions;
 * a quantised KV cache (``--kv-bits``, mlx-lm's ``QuantizedKVCache``): for keys and for values the
   packed uint32 words, the scales and the biases ``mx.quantize`` makes, each of ``capacity``
-  positions; every call quantises the new keys and values and attends over the quantised cache with
-  MLX's quantised matmuls, exactly as mlx-lm does once its cache is quantised.
-
-mlx-lm quantises its cache after a model call whose end offset reaches ``quantized_kv_start``
-(``generate.maybe_quantize_kv_cache``); before that the call attends in the float dtype. With a
-start of 0 only the very first call (at position 0, which attends over its own tokens only) runs in
-float: the plan carries it as the phase ``prefill_start``, which writes the quantised cache and
-attends over its own float keys and values.
+  positions; calls quantise their new keys and values and, once mlx-lm would have converted its
+  cache (``quantized_kv_start``), attend over the quantised cache with MLX's quantised matmuls.
+  The calls before (the first one at least) attend in float: ``prefill_start`` / ``decode_start``;
+* a sliding-window layer (``RotatingKVCache``): a ring of a whole number of chunks written at
+  ``position mod slots`` (``RingKVCache``; ``KeepRingKVCache`` when it keeps tokens, as
+  ``--max-kv-size`` does), masked to what mlx-lm's buffer holds;
+* recurrent state (``ArraysCache``): its arrays at their fixed shapes (``StaticArraysCache``).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -33,6 +34,10 @@ KV_BITS = (4, 8)  # the widths the plan supports (mlx-lm's --kv-bits accepts the
 KV_GROUP_SIZES = (32, 64, 128)
 # Phase of the first prompt chunk of a quantised cache (float attention over its own tokens).
 PREFILL_START = "prefill_start"
+# With a quantized_kv_start T >= 1, the float calls before mlx-lm's switch: prompt pieces and
+# decode steps starting below T attend over a float cache (and write the quantised one too).
+DECODE_START = "decode_start"
+FLOAT_PHASES = (PREFILL_START, DECODE_START)
 QUANT_PARTS = ("", ".scales", ".biases")  # packed words, scales, biases (mx.quantize's order)
 
 
@@ -40,8 +45,8 @@ QUANT_PARTS = ("", ".scales", ".biases")  # packed words, scales, biases (mx.qua
 # line that says why it is refused. README's "Caches" table is tested against this.
 CACHE_SUPPORT: dict[str, str] = {
     "KVCache": "planned: a static cache of N + M (+ padded prompt) positions",
-    "QuantizedKVCache": "planned with --kv-bits 4 or 8, --kv-group-size 32, 64 or 128 "
-    "(--quantized-kv-start 0 only)",
+    "QuantizedKVCache": "planned with --kv-bits 4 or 8, --kv-group-size 32, 64 or 128, "
+    "--quantized-kv-start T",
     "RotatingKVCache": "planned (sliding-window layers: gemma3_text, olmo3, ...; --max-kv-size "
     "W, keep 4): a ring of the window + one chunk",
     "ChunkedKVCache": "refused: chunked attention (llama4) is not planned yet",
@@ -125,13 +130,20 @@ class KVQuantization:
     bits: int
     group_size: int = 64
     start: int = 0
+    chunk: int = 1  # the plan's prefill chunk (the float cache holds the chunks that start below T)
+
+    @property
+    def float_positions(self) -> int:
+        """Positions the float cache holds: every call that starts below ``start`` writes below
+        ceil(start / chunk) * chunk; 0 when ``start`` is 0 (the first call reads its own keys)."""
+        return -(-self.start // self.chunk) * self.chunk if self.start else 0
 
 
-def kv_quantization(opts) -> KVQuantization | None:
+def kv_quantization(opts, chunk: int = 1) -> KVQuantization | None:
     """The KV quantisation compile options ask for (``CompileOptions.kv_bits`` etc.), or None."""
     if opts.kv_bits is None:
         return None
-    return KVQuantization(opts.kv_bits, opts.kv_group_size, opts.quantized_kv_start)
+    return KVQuantization(opts.kv_bits, opts.kv_group_size, opts.quantized_kv_start, chunk)
 
 
 def kv_storage(dtype: str, opts) -> KVStorage:
@@ -139,7 +151,32 @@ def kv_storage(dtype: str, opts) -> KVStorage:
     the bits and group size of a quantised cache."""
     if opts.kv_bits is None:
         return KVStorage(dtype=dtype)
-    return KVStorage(dtype=dtype, bits=opts.kv_bits, group_size=opts.kv_group_size)
+    return KVStorage(
+        dtype=dtype,
+        bits=opts.kv_bits,
+        group_size=opts.kv_group_size,
+        quantized_start=opts.quantized_kv_start,
+    )
+
+
+def start_phases(
+    tracer: PhaseTracer, quant, chunk: int, capacity: int, paths: dict | None = None
+) -> list[TracedPhase]:
+    """The float phases of a quantised cache: the first call's (own keys only) with a start of 0,
+    else prompt pieces and decode steps over the float cache, up to its last position.
+    ``paths``: the keywords that ask the tracer for module paths."""
+    if quant is None:
+        return []
+    paths = paths or {}
+    if not quant.start:
+        return [tracer.prefill(chunk, chunk, PREFILL_START, **paths)]
+    if "name" not in inspect.signature(tracer.decode).parameters:
+        raise DctmsError("--quantized-kv-start above 0 is not planned for this tracer yet (--ranks)")
+    window = min(capacity, quant.float_positions + 1) - 1
+    return [
+        tracer.prefill(chunk, window, PREFILL_START, **paths),
+        tracer.decode(window, name=DECODE_START, **paths),
+    ]
 
 
 def fit_start(tracer: PhaseTracer, bound: TracedPhase, chunk: int) -> LengthFit | str:
@@ -164,11 +201,8 @@ def check_kv_quantization(q: KVQuantization, kv: KVLayout) -> None:
         raise DctmsError(
             f"--kv-group-size must be one of {', '.join(map(str, KV_GROUP_SIZES))}, got {q.group_size}"
         )
-    if q.start != 0:
-        raise DctmsError(
-            f"--quantized-kv-start {q.start}: only 0 is planned (a later start keeps a float cache "
-            "beside the quantised one until the switch)"
-        )
+    if q.start < 0:
+        raise DctmsError(f"--quantized-kv-start must be 0 or more, got {q.start}")
     dims = {s[-1] for s in (*kv.keys, *kv.values)}
     bad = sorted(d for d in dims if d % q.group_size)
     if bad:
@@ -271,6 +305,9 @@ class StateLayout:
                 arrays.append(StateArray(name, (b, h, capacity, words), mx.uint32))
                 arrays.append(StateArray(f"{name}.scales", (b, h, capacity, groups), dtype))
                 arrays.append(StateArray(f"{name}.biases", (b, h, capacity, groups), dtype))
+                if quant.start:  # + a spare position: the float window is a proper slice
+                    size = min(capacity, quant.float_positions + 1)
+                    arrays.append(StateArray(f"{name}.float", (b, h, size, d), dtype))
         self.arrays = arrays
 
     @property
@@ -280,6 +317,12 @@ class StateLayout:
     @property
     def names(self) -> list[str]:
         return [a.name for a in self.arrays]
+
+    def names_for(self, phase: str) -> list[str]:
+        """The state a phase reads and writes: the float cache only in the float phases."""
+        if self.quant is None or phase in FLOAT_PHASES:
+            return self.names
+        return [n for n in self.names if not n.endswith(".float")]
 
     @property
     def num_layers(self) -> int:
@@ -303,6 +346,18 @@ class StateLayout:
                 else:
                     out.append(RingKVCache(k, v, position, ring))
             return out
+        if phase in FLOAT_PHASES and self.quant.start:
+            return [
+                FloatThenQuantizedCache(
+                    [kw[f"kv.{i}.keys{p}"] for p in QUANT_PARTS],
+                    [kw[f"kv.{i}.values{p}"] for p in QUANT_PARTS],
+                    position,
+                    window,
+                    self.quant,
+                    (kw[f"kv.{i}.keys.float"], kw[f"kv.{i}.values.float"]),
+                )
+                for i in range(self.num_layers)
+            ]
         kind = FirstChunkQuantizedCache if phase == PREFILL_START else StaticQuantizedKVCache
         return [
             kind(
@@ -321,6 +376,8 @@ class StateLayout:
         for c in caches:
             if isinstance(c, StaticArraysCache):
                 out += c.updated()
+            elif isinstance(c, FloatThenQuantizedCache):
+                out += [*c.keys, c.float_keys, *c.values, c.float_values]
             elif isinstance(c, KeepRingKVCache):
                 out += [c.keys, c.kept_keys, c.values, c.kept_values]
             elif self.quant is None:
@@ -372,6 +429,27 @@ class StaticQuantizedKVCache(_QuantizedWrites):
         self.keys, self.values = self._write(self.keys, k), self._write(self.values, v)
         w = self.window
         return [x[:, :, :w, :] for x in self.keys], [x[:, :, :w, :] for x in self.values]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        return StaticKVCache.make_mask(self, n, return_array, window_size)
+
+
+class FloatThenQuantizedCache(_QuantizedWrites):
+    """A call before mlx-lm's switch (``quantized_kv_start`` T >= 1; it starts below T): mlx-lm's
+    float ``KVCache`` then, so it writes the float cache and attends over its first ``window``
+    positions (masked by position); it also writes the quantised cache, which holds exactly what
+    mlx-lm's conversion (``to_quantized``, per position) makes of those keys and values."""
+
+    def __init__(self, keys, values, position, window, q: KVQuantization, floats):
+        super().__init__(keys, values, position, window, q)
+        self.float_keys, self.float_values = floats
+
+    def update_and_fetch(self, k: mx.array, v: mx.array):
+        self.keys, self.values = self._write(self.keys, k), self._write(self.values, v)
+        start, w = self.offset.reshape(1), self.window
+        self.float_keys = mx.slice_update(self.float_keys, k, start, axes=(2,))
+        self.float_values = mx.slice_update(self.float_values, v, start, axes=(2,))
+        return self.float_keys[:, :, :w, :], self.float_values[:, :, :w, :]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         return StaticKVCache.make_mask(self, n, return_array, window_size)

@@ -323,7 +323,7 @@ def trace_source(
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
-    quant = caches.kv_quantization(opts)
+    quant = caches.kv_quantization(opts, chunk)
     rings = caches.rings_for(windows, chunk, capacity)
     if rank is None:
         tracer = PhaseTracer(
@@ -339,14 +339,16 @@ def trace_source(
     paths = {"paths": True} if rank is None else {}
     prefill = tracer.prefill(chunk, prompt_window, **paths)
     decode = tracer.decode(window, **paths)
-    start = [tracer.prefill(chunk, chunk, caches.PREFILL_START, **paths)] if quant else []
+    start = caches.start_phases(tracer, quant, chunk, capacity, paths)
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
     traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return traced, capacity, fits
     found_start = (
-        [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))] if quant else []
+        [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))]
+        if quant and not quant.start
+        else []  # the float phases before a later switch run at fixed lengths
     )
     for name, found in (
         *found_start,
@@ -420,7 +422,7 @@ def grid_steps(opts: CompileOptions) -> tuple[int, int]:
 
 
 def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
-    """The KV cache (the decode phase's state inputs) and the runner's persistent byte blocks."""
+    """The KV cache (the phases' state inputs) and the runner's persistent byte blocks."""
     kv = [
         StateTensor(
             b.name,
@@ -431,10 +433,21 @@ def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
             window=SlidingWindow(*traced.rings[b.name]) if b.name in traced.rings else None,
             recurrent=b.name in traced.recurrent,
         )
-        for b in traced.phase("decode").inputs
-        if b.kind == "state"
+        for b in _state_bindings(traced)
     ]
     return kv + _persistent(traced.phases, allocator_slack)
+
+
+def _state_bindings(traced: Traced) -> list[TracedBinding]:
+    """Every phase's state inputs, once each: the decode phase's first, then any only other phases
+    read (a quantised cache's float arrays, read before its switch)."""
+    phases = [traced.phase("decode"), *(p for p in traced.phases if p.name != "decode")]
+    seen: dict[str, TracedBinding] = {}
+    for phase in phases:
+        for b in phase.inputs:
+            if b.kind == "state":
+                seen.setdefault(b.name, b)
+    return list(seen.values())
 
 
 def table1_stats(phases: list[Phase]) -> Stats:

@@ -270,7 +270,9 @@ def probe_kv(model: nn.Module, num_layers: int, batch: int, probes: list | None 
     kv = [p for p in probes if isinstance(p, _ProbeCache)]
     if any(p.shapes is None for p in kv):
         raise DctmsError("not supported yet: some layers never write a KV cache (shared-KV model)")
-    floating = [v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
+    floating = [
+        v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)
+    ]
     dtypes = [p.shapes[2] for p in kv] or floating[:1] or [mx.float32]
     return KVLayout(
         keys=tuple(p.shapes[0] if isinstance(p, _ProbeCache) else None for p in probes),
@@ -350,24 +352,32 @@ class PhaseTracer:
             "position": mx.array(0, mx.int32),
             "last_index": mx.array(0, mx.int32),
         }
-        phase = _export(name, tokens, fn, feeds, self.weights, self.state, self.layout.names)
-        return self._with_paths(phase, fn, feeds) if paths else phase
+        state = self._state_for(name)
+        phase = _export(name, tokens, fn, feeds, self.weights, state, self.layout.names_for(name))
+        return self._with_paths(phase, fn, feeds, state) if paths else phase
 
-    def decode(self, window: int, paths: bool = False) -> TracedPhase:
+    def decode(self, window: int, name: str = "decode", paths: bool = False) -> TracedPhase:
         """One token at ``position``: the previous step's next_token (shape [batch], uint32) is fed
         back as it is, so the runner can build step t+1 while step t still computes (as mlx-lm's
         generate_step does)."""
 
         def fn(tokens_, position, **kw):
-            return self._step(tokens_[:, None], position, None, window, kw, "decode")
+            return self._step(tokens_[:, None], position, None, window, kw, name)
 
         feeds = {"tokens": mx.zeros((self.batch,), mx.uint32), "position": mx.array(0, mx.int32)}
-        phase = _export("decode", 1, fn, feeds, self.weights, self.state, self.layout.names)
-        return self._with_paths(phase, fn, feeds) if paths else phase
+        state = self._state_for(name)
+        phase = _export(name, 1, fn, feeds, self.weights, state, self.layout.names_for(name))
+        return self._with_paths(phase, fn, feeds, state) if paths else phase
 
-    def _with_paths(self, phase: TracedPhase, fn, feeds: dict) -> TracedPhase:
+    def _state_for(self, phase: str) -> dict[str, mx.array]:
+        """The keyword state a phase is traced with: all but the cache arrays it does not use (a
+        quantised cache's float arrays outside its float phases; see ``toolkit.caches``)."""
+        unused = set(self.layout.names) - set(self.layout.names_for(phase))
+        return {k: v for k, v in self.state.items() if k not in unused}
+
+    def _with_paths(self, phase: TracedPhase, fn, feeds: dict, state: dict) -> TracedPhase:
         """``phase`` with the module path of every op (a second, recording trace)."""
-        keywords = {**self.weights, **self.state}
+        keywords = {**self.weights, **state}
         phase.module_paths = trace_module_paths(
             self.model, fn, list(feeds.values()), keywords, phase.ops
         )

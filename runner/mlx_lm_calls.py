@@ -1,12 +1,18 @@
-"""The prompt of a plan with a quantised KV cache, fed the way mlx-lm's ``generate_step`` feeds it.
+"""The prompt fed at mlx-lm's own call boundaries, for plans whose results depend on them.
 
-mlx-lm prefills ``prompt[:-1]`` in ``prefill_step_size`` pieces and then runs the last prompt
-token as the first generation step; its cache is quantised after the first call
-(``quantized_kv_start`` 0), so which tokens attend in float and which over the quantised cache
-depends on those call boundaries. The runner makes the same calls: the first piece with the phase
-``prefill_start`` (float attention over its own tokens, quantised cache written), the others with
-``prefill`` (``prefill_chunk`` = mlx-lm's ``prefill_step_size``), the last prompt token with
-``decode``. A one-token prompt is mlx-lm's single float call: ``prefill_start`` alone.
+mlx-lm's ``generate_step`` prefills ``prompt[:-1]`` in ``prefill_step_size`` pieces and then runs
+the last prompt token as the first generation step. Three caches make that structure visible:
+
+* a quantised KV cache: mlx-lm quantises after a call that reaches ``quantized_kv_start`` T, so
+  the calls starting below T (at least the first) attend in float: the runner runs those with the
+  phases ``prefill_start`` / ``decode_start``, the others with ``prefill`` / ``decode``;
+* a rotating cache that keeps tokens (``--max-kv-size``): what a query sees depends on how mlx-lm
+  trimmed its buffer before the call;
+* recurrent state: a padded chunk would run the recurrence over the padding, so only whole chunks
+  go through ``prefill`` and the rest of ``prompt[:-1]`` through decode steps.
+
+The runner makes the same calls (``prefill_chunk`` = mlx-lm's ``prefill_step_size``); a one-token
+prompt is mlx-lm's single call.
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ def _feed_chunks(session, head: list[int], first) -> dict[str, mx.array]:
     out: dict[str, mx.array] = {}
     for start in range(0, len(head), chunk):
         piece = head[start : start + chunk]
-        program = first if start == 0 else session.prefill
+        # float calls: those starting below quantized_start T (the first one when T is 0)
+        floats = start == 0 or start < getattr(session, "quantized_start", 0)
+        program = first if floats else session.prefill
         point = program.lengths.pick({"tokens": len(piece), "window": start + len(piece)})
         tokens = program.lengths.value(point, "tokens", chunk)
         out = program.run(
