@@ -89,14 +89,23 @@ class VisionShapes:
 class VisionTracer:
     """Traces the three phases of one mlx-vlm model; each is one ``mx.export_function``."""
 
-    def __init__(self, model: nn.Module, family: VisionFamily, shapes: VisionShapes, *,
-                 capacity: int, dtype: str):
+    def __init__(
+        self,
+        model: nn.Module,
+        family: VisionFamily,
+        shapes: VisionShapes,
+        *,
+        capacity: int,
+        dtype: str,
+    ):
         self.model, self.family, self.shapes = model, family, shapes
         self.lm = model.language_model
         self.num_layers = len(self.lm.layers)
         self.dtype = DTYPES[dtype]
         self.params = dict(tree_flatten(model.parameters()))
-        self.weights = {k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(self.params.items())}
+        self.weights = {
+            k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(self.params.items())
+        }
         self.kv = self._probe_kv()
         state = {}
         for i in range(self.num_layers):
@@ -137,8 +146,9 @@ class VisionTracer:
             outs += [c.keys, c.values]
         return tuple(outs)
 
-    def vision(self, name: str, pixel_shape: tuple[int, ...], height: int, width: int,
-               tokens: int) -> TracedPhase:
+    def vision(
+        self, name: str, pixel_shape: tuple[int, ...], height: int, width: int, tokens: int
+    ) -> TracedPhase:
         """One image of ``height`` x ``width`` into rows ``row .. row + tokens`` of the table."""
 
         def fn(pixel_values, image_features, row, **kw):

@@ -35,16 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "time axis in schedule slots, one row per physical buffer. buffers: each physical "
             "buffer with the tensors that reuse it. graph: the op graph clustered by decoder "
             "layer, edges labelled with shapes; selections of more than 400 ops are collapsed "
-            "to one node per layer unless --flat. The output format follows the file "
+            "to one node per layer unless --flat. streams (a vision-language plan): one cluster "
+            "per stream with the sync points where they meet. The output format follows the file "
             "extension: .dot/.gv (no Graphviz needed), .svg/.png/.pdf (needs the dot program)."
         ),
     )
     p.add_argument("plan", metavar="PLAN", help="plan file")
     p.add_argument(
         "--view",
-        choices=["lifetimes", "buffers", "graph"],
+        choices=["lifetimes", "buffers", "graph", "streams"],
         default="lifetimes",
-        help="what to draw",
+        help="what to draw (streams: a vision-language plan's streams and sync points)",
     )
     p.add_argument("--phase", default="decode", help="phase to draw (default: decode)")
     p.add_argument(
@@ -93,6 +94,11 @@ def _run(args: argparse.Namespace, target) -> int:
         raise DctmsError(f"{suffix[1:]} output needs the Graphviz 'dot' program: {INSTALL_HINT}")
     layers = parse_layers(args.layers)
     plan = read_plan(args.plan)
+    if args.view == "streams":
+        from dctms.views.dot_streams import streams_graph
+
+        target.write(_encode(streams_graph(plan), suffix))
+        return 0
     phase = views.select_phase(plan, args.phase)
     if layers is not None and layers[0] >= plan.model.num_layers:
         raise DctmsError(
@@ -110,12 +116,12 @@ def _run(args: argparse.Namespace, target) -> int:
                 "drawn one node per layer (--flat for every op, --layers A-B to narrow)",
                 file=sys.stderr,
             )
-    if suffix in SOURCE_SUFFIXES:
-        data = graph.source.encode("utf-8")
-    else:
-        data = _render(graph, suffix[1:])
-    target.write(data)
+    target.write(_encode(graph, suffix))
     return 0
+
+
+def _encode(graph: graphviz.Digraph, suffix: str) -> bytes:
+    return graph.source.encode("utf-8") if suffix in SOURCE_SUFFIXES else _render(graph, suffix[1:])
 
 
 def _render(graph: graphviz.Digraph, fmt: str) -> bytes:

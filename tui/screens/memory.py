@@ -7,10 +7,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
+from dctms.figures.streams import stream_steps
 from dctms.figures.units import exact_bytes, human
 from dctms.tui.data import PhaseLookup, fmt_shape
 from dctms.tui.screens.base import PhaseScreen
 from dctms.tui.widgets.memory_curve import MemoryCurve
+from dctms.tui.widgets.stream_bars import StreamBars
 from dctms.tui.widgets.table import Column, VirtualTable
 
 COLUMNS = [
@@ -40,12 +42,19 @@ class MemoryScreen(PhaseScreen):
     def compose_body(self) -> ComposeResult:
         yield Static(id="memory-summary")
         yield MemoryCurve(id="curve")
+        if self.inspection.plan.vision is not None:  # the plan's memory split by stream
+            yield StreamBars(id="streams")
         yield Static(id="live-title", classes="section")
         yield VirtualTable(COLUMNS, id="live")
 
     def on_mount(self) -> None:
         super().on_mount()
         self.query_one(MemoryCurve).focus()
+        plan = self.inspection.plan
+        if plan.vision is not None:
+            self.query_one(StreamBars).show_steps(
+                stream_steps(plan), plan.envelope.intermediate, plan.vision.overlap
+            )
 
     def load_phase(self, index: PhaseLookup) -> None:
         phase = index.phase
