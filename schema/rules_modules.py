@@ -61,12 +61,31 @@ def module_runs(ix: PlanIndex) -> Iterator[Finding]:
 
 
 def module_layer(ix: PlanIndex) -> Iterator[Finding]:
-    """A module path's decoder layer, when it names one, is a layer the model has."""
+    """A module path's decoder layer, when it names one, is a layer the model has. In a
+    vision-language plan only the text phases' modules are decoder modules: the vision tower's
+    numbered blocks (``encoder.layers.5``, ``merger.mlp.2``) are not the language model's."""
     layers = ix.plan.model.num_layers
+    checked = _text_nodes(ix)
     for i, path in enumerate(node_paths(ix.plan.modules)):
+        if checked is not None and i not in checked:
+            continue
         layer = path_layer(path)
         if layer is not None and layer >= layers:
             yield (
                 f"$.modules.names[{i}]",
                 f"{path}: layer {layer}, but the model has {layers} layers",
             )
+
+
+def _text_nodes(ix: PlanIndex) -> set[int] | None:
+    """The tree nodes the text phases' runs name, in a vision-language plan; None otherwise."""
+    vision = ix.plan.vision
+    if vision is None:
+        return None
+    encoders = {v.phase for v in vision.variants}
+    return {
+        node
+        for px in ix.phases
+        if px.phase.name not in encoders and px.phase.modules is not None
+        for node in px.phase.modules.modules
+    }

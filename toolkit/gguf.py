@@ -224,11 +224,7 @@ def unpermute_rows(w: mx.array, heads: int) -> mx.array:
     the Hugging Face layout (mlx-lm's, non-traditional RoPE) has them at half * head_dim/2 + i.
     Works on a quantised triplet's parts alike, since all of them are indexed by output row."""
     rows = w.shape[0]
-    return (
-        w.reshape(heads, rows // heads // 2, 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _bits(parts: dict[str, mx.array]) -> int:
@@ -259,8 +255,11 @@ def _weights_config(weights: dict[str, mx.array], dtype: str) -> dict:
         for name in weights
         if name.endswith(".scales")
     }
-    floats = Counter(str(a.dtype).removeprefix("mlx.core.") for a in weights.values()
-                     if mx.issubdtype(a.dtype, mx.floating))
+    floats = Counter(
+        str(a.dtype).removeprefix("mlx.core.")
+        for a in weights.values()
+        if mx.issubdtype(a.dtype, mx.floating)
+    )
     extra: dict = {"torch_dtype": floats.most_common(1)[0][0] if floats else "float16"}
     if bits:
         common = Counter(bits.values()).most_common(1)[0][0]
@@ -305,7 +304,9 @@ def build_tokenizer(meta: dict, src: Path) -> tuple[str, dict]:
     try:
         bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
     except Exception as err:  # the tokenizers library raises its own exception type
-        raise DctmsError(f"{src}: the GGUF vocabulary does not make a BPE tokenizer: {err}") from None
+        raise DctmsError(
+            f"{src}: the GGUF vocabulary does not make a BPE tokenizer: {err}"
+        ) from None
     tok = Tokenizer(bpe)
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if _PRE_TOKENIZERS[pre]:
@@ -315,10 +316,16 @@ def build_tokenizer(meta: dict, src: Path) -> tuple[str, dict]:
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(tokens[i], special=True, normalized=False)
-               for i, t in enumerate(types) if t == _CONTROL]
-    user = [AddedToken(tokens[i], special=False, normalized=False)
-            for i, t in enumerate(types) if t == _USER_DEFINED]
+    special = [
+        AddedToken(tokens[i], special=True, normalized=False)
+        for i, t in enumerate(types)
+        if t == _CONTROL
+    ]
+    user = [
+        AddedToken(tokens[i], special=False, normalized=False)
+        for i, t in enumerate(types)
+        if t == _USER_DEFINED
+    ]
     tok.add_special_tokens(special)
     if user:
         tok.add_tokens(user)
@@ -330,17 +337,23 @@ def build_tokenizer(meta: dict, src: Path) -> tuple[str, dict]:
         return None
 
     bos = token_of("bos")
-    add_bos = bool(meta["tokenizer.ggml.add_bos_token"].item()) if isinstance(
-        meta.get("tokenizer.ggml.add_bos_token"), mx.array) else False
+    add_bos = (
+        bool(meta["tokenizer.ggml.add_bos_token"].item())
+        if isinstance(meta.get("tokenizer.ggml.add_bos_token"), mx.array)
+        else False
+    )
     byte_post = processors.ByteLevel(trim_offsets=False)
     if add_bos and bos is not None:
-        tok.post_processor = processors.Sequence([
-            byte_post,
-            processors.TemplateProcessing(
-                single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-                special_tokens=[(bos, vocab[bos])],
-            ),
-        ])
+        tok.post_processor = processors.Sequence(
+            [
+                byte_post,
+                processors.TemplateProcessing(
+                    single=f"{bos}:0 $A:0",
+                    pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                    special_tokens=[(bos, vocab[bos])],
+                ),
+            ]
+        )
     else:
         tok.post_processor = byte_post
     tokenizer_config: dict = {

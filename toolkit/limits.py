@@ -85,11 +85,17 @@ def check_config(config: dict[str, Any]) -> None:
             if key in section and section[key] is not None:
                 value = section[key]
                 if type(value) is not int:
-                    raise DctmsError(f"config.json: {where}{key} must be an integer, got {_short(value)}")
+                    raise DctmsError(
+                        f"config.json: {where}{key} must be an integer, got {_short(value)}"
+                    )
                 if not 1 <= value <= high:
                     raise DctmsError(
                         f"config.json: {where}{key} must be between 1 and {high:,}, got {_short(value)}"
-                        + (" (dctms plans at most that many layers)" if key == "num_hidden_layers" else "")
+                        + (
+                            " (dctms plans at most that many layers)"
+                            if key == "num_hidden_layers"
+                            else ""
+                        )
                     )
         for key in CONFIG_POSITIVE_FLOATS:
             value = section.get(key)

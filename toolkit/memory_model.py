@@ -292,8 +292,10 @@ def conv_scratch(
     strides, pad_lo, pad_hi, _kdil, _idil, _groups, flip = args
     x, w = inputs[0], inputs[1]
     n, channels = x.shape[0], x.shape[-1]
-    padded = n * channels * math.prod(
-        d + lo + hi for d, lo, hi in zip(x.shape[1:-1], pad_lo, pad_hi, strict=True)
+    padded = (
+        n
+        * channels
+        * math.prod(d + lo + hi for d, lo, hi in zip(x.shape[1:-1], pad_lo, pad_hi, strict=True))
     )
     unfolded = n * math.prod(out[1:-1]) * math.prod(w.shape[1:-1]) * channels
     weight = math.prod(w.shape)

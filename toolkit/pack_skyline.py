@@ -1,23 +1,26 @@
-"""Skyline search: fill a part of a packing problem bottom-left, one lowest point at a time.
+"""Skyline search: fill a part of a packing problem bottom-left, one valley at a time.
 
 Time is cut into sections (``pack_problem.Sweep``); the *skyline* is, per section, the height below
-which every byte is taken (by a placed buffer) or given up (waste). Each node looks at the lowest
-point of the skyline, leftmost among equals: the section ``t0`` at height ``y``, in a flat run
-``[t0, t1)`` of sections at that height. The sections on either side are higher (or the part
-ends), so a buffer that covers that point must *start* at ``t0``, sit at offset ``y`` and end by
-``t1``. The node branches on those buffers (few: usually one to three), then on giving the run up
-as waste, raised to its lower neighbour. Per section, the bytes still to place plus the height must
-stay within the capacity; a placement keeps that sum, only waste spends the section's *slack*
-(capacity minus the bytes live there). Identical unplaced buffers are tried once per node.
+which every byte is taken (by a placed buffer) or given up (waste). A *valley* is a flat run of
+sections ``[t0, t1)`` at height ``y`` whose neighbours are both higher (or the part ends there). A
+buffer covering the valley's left end cannot reach into the higher section before it nor below
+``y``, so it *starts* at ``t0``, sits at offset ``y`` and ends by ``t1``. A node branches on those
+buffers (few: usually one to three), then on giving the valley up as waste, raised to its lower
+neighbour; it picks the valley with the fewest branches (fail first: a valley nothing can fill ends
+the node at once). Pruning: per section, the bytes still to place plus the height must stay within
+the capacity (a placement keeps that sum, only waste spends the section's *slack*: capacity minus
+the bytes live there); where the skyline steps down (up), the buffers starting (ending) at that
+boundary plus the slack must reach the step (``_step_ok``); identical buffers are tried once per
+node; touching twins (same sections) stack larger below, which some optimal packing does.
 
 With no slack anywhere (the capacity equals the bytes live in every section, as when the optimum
 meets the lower bound), a node never wastes and the branching above is exhaustive: a search that
-runs out of branches proves the part cannot fit (``INFEASIBLE``). With slack, giving up a whole run
-is only one of the ways waste can fall, so an exhausted search proves nothing (``EXHAUSTED``): the
-search then serves as a constructive heuristic, and ``pack_search``'s branch-and-bound does the
-proving.
+runs out of branches proves the part cannot fit (``INFEASIBLE``). With slack, giving up a whole
+valley is only one of the ways waste can fall, so an exhausted search proves nothing
+(``EXHAUSTED``): the search then serves as a constructive heuristic, and ``pack_search``'s
+branch-and-bound does the proving.
 
-The work is counted (sections and buffers touched) against a budget, as in ``pack_search``, so a
+The work is counted (Python statements, reported in ``pack_search``'s units) against a budget, so a
 budget always ends at the same node.
 """
 
@@ -30,7 +33,7 @@ import numpy as np
 from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE
 
 # How the buffers starting at a point are tried, in the order the solver cycles through them.
-ORDERS = ("largest", "longest", "area", "shortest")
+ORDERS = ("largest", "area")
 EXHAUSTED = "exhausted"  # no packing found, but the search was not exhaustive: no proof
 # Work is counted in Python statements (a node costs about 40, besides its scans; C-level scans
 # such as min, index and slices cost about 1/16 of one per element), then reported in
@@ -56,7 +59,7 @@ def fill(
     n_sections: int,
     capacity: int,
     budget: int,
-    order: str = "longest",
+    order: str = "largest",
 ) -> SkylineOutcome:
     """Search for offsets of buffers live in sections ``[lo, hi)`` within ``capacity`` bytes.
 
@@ -104,9 +107,7 @@ class _Fill:
         # Buffers by starting section, in the order tried (ties by index: deterministic).
         idx, length = np.arange(size.size), hi - lo
         key = {
-            "longest": (idx, -size, -length),
             "largest": (idx, -length, -size),
-            "shortest": (idx, -size, length),
             "area": (idx, -(size * length)),
         }[order]
         self.by_start: list[list[int]] = [[] for _ in range(self.k)]
@@ -139,17 +140,38 @@ class _Fill:
             node = self._expand()
 
     def _expand(self) -> list | None:
-        """The branches at the lowest point, or None when nothing is left to place."""
+        """The branches at the valley with the fewest, or None when nothing is left to place.
+
+        Any *valley* (a flat run whose neighbours are both higher) has the property the lowest
+        point has: a buffer covering its left end starts there, at its height, and ends within
+        it. So the search may branch on any valley; it takes the one with the fewest branches
+        (fail first: a valley no buffer can fill ends the node at once), the lowest then the
+        leftmost among equals.
+        """
         if self.left == 0:
             return None
-        height = self.height
-        y = min(height)
-        t0 = height.index(y)
-        t1 = t0 + 1
-        k = self.k
-        while t1 < k and height[t1] == y:
-            t1 += 1
-        self.work += _NODE_WORK + (k + t1 - t0) // _SCAN_DIVISOR
+        height, k, done = self.height, self.k, self.done
+        best: list[tuple] | None = None
+        best_y = done
+        t0 = 0
+        self.work += _NODE_WORK + k // 3  # the run scan: a few bytecodes per section
+        while t0 < k:
+            y = height[t0]
+            t1 = t0 + 1
+            while t1 < k and height[t1] == y:
+                t1 += 1
+            if y < done and (t0 == 0 or height[t0 - 1] > y) and (t1 == k or height[t1] > y):
+                choices = self._choices(t0, t1, y)
+                if best is None or (len(choices), y) < (len(best), best_y):
+                    best, best_y = choices, y
+                    if len(best) <= 1:
+                        break  # forced (or dead): nothing fewer to find
+            t0 = t1
+        return [best, 0]
+
+    def _choices(self, t0: int, t1: int, y: int) -> list[tuple]:
+        """Buffers that can cover the valley ``[t0, t1)`` at height ``y``, then giving it up."""
+        height, k = self.height, self.k
         choices: list[tuple] = []
         seen = set()
         hi, size, align, placed = self.hi, self.size, self.align, self.placed
@@ -178,7 +200,7 @@ class _Fill:
                 choices.append(("waste", t0, t1, y, d))
         # Exact fits first: a buffer that closes the run leaves no sliver to fill.
         choices.sort(key=lambda c: c[0] != "place" or hi[c[1]] != t1)
-        return [choices, 0]
+        return choices
 
     def _apply(self, choice: tuple) -> bool:
         """Make the move; False when a step it leaves can no longer be filled (see _step_ok)."""

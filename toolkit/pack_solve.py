@@ -37,7 +37,7 @@ _FIRST_LIMIT_NODES = 4
 _DIVE_NODES = 3
 # The skyline search's first work limit per buffer of the part (then doubled), and its share.
 _SKYLINE_FIRST_LIMIT = 20_000
-_SKYLINE_SHARE = 0.25
+_SKYLINE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,11 @@ def _search(
     infeasible_at = [-1] * len(parts)  # the highest capacity proven too small, per part
     arena = max(tops, default=0)
     bound, probe_floor = lower, lower
-    spent, infeasible = _skyline(p, sw, parts, offsets, tops, lower, int(budget * _SKYLINE_SHARE))
-    arena = max(tops, default=0)
+    spent = _dive(p, sw, parts, offsets, tops, g, lower, budget // 4)
+    used, infeasible = _skyline(p, sw, parts, offsets, tops, lower, int(budget * _SKYLINE_SHARE))
+    spent += used
     if infeasible:
         bound = probe_floor = _next_multiple(lower, g)
-    spent += _dive(p, sw, parts, offsets, tops, g, lower, (budget - spent) // 4)
     arena = max(tops, default=0)
     while probe_floor < arena and spent < budget:
         capacity = bound if probe_floor == bound else _mid(probe_floor, arena, g)

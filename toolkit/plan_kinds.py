@@ -53,7 +53,9 @@ def compile_kind(
 ) -> Plan:
     """The plan of ``kind`` for ``source`` under ``opts``."""
     if kind.images is not None and kind.draft is not None:
-        raise DctmsError("--draft with --images: speculative vision-language plans are not supported")
+        raise DctmsError(
+            "--draft with --images: speculative vision-language plans are not supported"
+        )
     if kind.images is not None:
         from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
 

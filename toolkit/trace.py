@@ -270,7 +270,9 @@ def probe_kv(model: nn.Module, num_layers: int, batch: int, probes: list | None 
     kv = [p for p in probes if isinstance(p, _ProbeCache)]
     if any(p.shapes is None for p in kv):
         raise DctmsError("not supported yet: some layers never write a KV cache (shared-KV model)")
-    floating = [v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
+    floating = [
+        v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)
+    ]
     dtypes = [p.shapes[2] for p in kv] or floating[:1] or [mx.float32]
     return KVLayout(
         keys=tuple(p.shapes[0] if isinstance(p, _ProbeCache) else None for p in probes),

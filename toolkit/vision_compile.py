@@ -29,6 +29,7 @@ from dctms.schema.types import (
 from dctms.schema.vision_bytes import intermediate_need
 from dctms.toolkit import compiler as text
 from dctms.toolkit.envelope import build_envelope
+from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import ridge_point
 from dctms.toolkit.trace import kv_capacity, max_window
 from dctms.toolkit.vision_families import family_of
@@ -101,12 +102,13 @@ def compile_vlm_plan(
     window = max_window(capacity)
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     tracer = VisionTracer(model, family, shapes, capacity=capacity, dtype=settings.dtype)
-    say(f"tracing {len(variants)} vision phase(s) (up to {vision.height}x{vision.width} -> "
+    say(
+        f"tracing {len(variants)} vision phase(s) (up to {vision.height}x{vision.width} -> "
         f"{tokens} tokens), prefill ({chunk} tokens) and decode against a {capacity}-position "
-        "cache")
+        "cache"
+    )
     encoders = [
-        tracer.vision(v.phase, tuple(v.pixel_shape), v.height, v.width, v.tokens)
-        for v in variants
+        tracer.vision(v.phase, tuple(v.pixel_shape), v.height, v.width, v.tokens) for v in variants
     ]
     traced = tracer.traced([*encoders, tracer.prefill(chunk, prompt_window), tracer.decode(window)])
     weights = text.fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
@@ -141,7 +143,9 @@ def compile_vlm_plan(
         device_memory=opts.device_memory,
         cache_enabled=settings.allocator_slack > 0,
     )
-    plan = text.emit_plan(source, opts, settings, traced, capacity, weights, state, phases, envelope)
+    plan = text.emit_plan(
+        source, opts, settings, traced, capacity, weights, state, phases, envelope
+    )
     request = VisionRequest(vision.images, vision.height, vision.width, vision.overlap)
     plan = msgspec.structs.replace(
         plan,
@@ -165,6 +169,7 @@ def compile_vlm_plan(
             ],
         ),
     )
+    plan = attach_modules(plan, traced.phases)
     text.self_check(plan)
     return plan
 

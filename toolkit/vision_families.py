@@ -118,8 +118,10 @@ class Qwen2VL(VisionFamily):
 
     def _cfg(self, config: dict) -> tuple[int, int, int]:
         v = config.get("vision_config", {})
-        return int(v.get("patch_size", 14)), int(v.get("spatial_merge_size", 2)), int(
-            v.get("temporal_patch_size", 2)
+        return (
+            int(v.get("patch_size", 14)),
+            int(v.get("spatial_merge_size", 2)),
+            int(v.get("temporal_patch_size", 2)),
         )
 
     def image_token_id(self, config: dict) -> int:

@@ -17,8 +17,13 @@ from dctms.schema.errors import DctmsError
 # Special tokens after the 256 byte tokens, per family: (token, role).
 _SPECIALS = {
     "gemma3": ["<eos>", "<bos>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"],
-    "qwen2_vl": ["<|endoftext|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
-                 "<|video_pad|>"],
+    "qwen2_vl": [
+        "<|endoftext|>",
+        "<|vision_start|>",
+        "<|image_pad|>",
+        "<|vision_end|>",
+        "<|video_pad|>",
+    ],
 }
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]
@@ -179,7 +184,10 @@ def _write_tokenizer(folder: Path, family: str) -> None:
     tok.add_special_tokens([AddedToken(t, special=True) for t in _SPECIALS[family]])
     tok.save(str(path))
     specials = _SPECIALS[family]
-    cfg: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    cfg: dict = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+    }
     if family == "gemma3":
         cfg.update(
             eos_token=specials[0],
@@ -213,8 +221,10 @@ def _write_processor(folder: Path, family: str, config: dict) -> None:
             "do_convert_rgb": True,
             "do_pan_and_scan": False,
         }
-        proc = {"processor_class": "Gemma3Processor",
-                "image_seq_length": config["mm_tokens_per_image"]}
+        proc = {
+            "processor_class": "Gemma3Processor",
+            "image_seq_length": config["mm_tokens_per_image"],
+        }
     else:
         pre = {
             "image_processor_type": "Qwen2VLImageProcessor",
