@@ -53,6 +53,6 @@ def draft_view(plan: Plan) -> Plan:
         envelope=envelope,
         compile=None,
         draft=None,
-        modules=None,  # the module tree is the target's
+        modules=draft.modules,  # the draft's own tree (Draft.modules)
         digest="",
     )

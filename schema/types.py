@@ -510,6 +510,20 @@ class Vision(_Base):
     overlap: bool = False
 
 
+ParentNode = Annotated[int, msgspec.Meta(ge=-1, le=2**31)]
+
+
+class ModuleTree(_Base):
+    """The model's module paths as a tree, as mlx-lm names its modules: node ``i`` is called
+    ``names[i]`` and sits under node ``parents[i]`` (-1: top level; a parent comes before its
+    children); its path joins the names from the top with dots (``model.layers.3.self_attn``).
+    ``(root)`` is the model's own ``__call__``, ``(step)`` what dctms adds around it (the token
+    reshape and greedy sampling)."""
+
+    parents: list[ParentNode]
+    names: list[Name]
+
+
 class Draft(_Base):
     """The draft model of speculative decoding, planned beside the target (``Plan.draft``).
 
@@ -523,20 +537,9 @@ class Draft(_Base):
     state: list[StateTensor]
     phases: list[Phase]
     stats: Stats
-
-
-ParentNode = Annotated[int, msgspec.Meta(ge=-1, le=2**31)]
-
-
-class ModuleTree(_Base):
-    """The model's module paths as a tree, as mlx-lm names its modules: node ``i`` is called
-    ``names[i]`` and sits under node ``parents[i]`` (-1: top level; a parent comes before its
-    children); its path joins the names from the top with dots (``model.layers.3.self_attn``).
-    ``(root)`` is the model's own ``__call__``, ``(step)`` what dctms adds around it (the token
-    reshape and greedy sampling)."""
-
-    parents: list[ParentNode]
-    names: list[Name]
+    # The draft's own module tree (its phases' ModuleRuns point into it, not into Plan.modules):
+    # the draft is verified as a plan of its own (schema.draft.draft_view), against its own layers.
+    modules: ModuleTree | None = None
 
 
 class Plan(_Base):

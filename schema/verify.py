@@ -118,6 +118,7 @@ _DRAFT_PATHS = {
     "$.state": "$.draft.state",
     "$.model": "$.draft.model",
     "$.stats": "$.draft.stats",
+    "$.modules": "$.draft.modules",
 }
 
 

@@ -132,14 +132,3 @@ def test_cli_bad_input(plan_path, plan_file, tmp_path, capsys):
     assert len(err) == 1 and "no compile request" in err[0]
     assert cli(["explain", str(tmp_path / "missing.plan")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
-
-
-def test_knobs_refused_for_a_speculative_plan(plan_path, plan, tmp_path, capsys):
-    import msgspec
-
-    request = msgspec.structs.replace(plan.compile, draft_config=dict(TINY_QWEN2))
-    from dctms.schema.errors import DctmsError
-    from dctms.toolkit.knobs import compile_knobs
-
-    with pytest.raises(DctmsError, match="speculative and vision-language"):
-        compile_knobs(msgspec.structs.replace(plan, compile=request))

@@ -335,8 +335,8 @@ def trace_source(
         )
     # Prefill never attends beyond the padded prompt; decode up to N + M.
     prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
-    # Module paths (a second, recording trace); a rank's tracer rewrites its ops after tracing.
-    paths = {"paths": True} if rank is None else {}
+    # Module paths (a second, recording trace; a rank's tracer carries them through its rewrite).
+    paths = {"paths": True}
     prefill = tracer.prefill(chunk, prompt_window, **paths)
     decode = tracer.decode(window, **paths)
     start = caches.start_phases(tracer, quant, chunk, capacity, paths)

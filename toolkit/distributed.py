@@ -360,14 +360,14 @@ class RankTracer(PhaseTracer):
         self.rank.recorder.start(kw)
         return super()._step(tokens, position, last_index, window, kw, *rest)
 
-    def prefill(self, tokens: int, window: int, *rest) -> TracedPhase:
+    def prefill(self, tokens: int, window: int, *rest, paths: bool = False) -> TracedPhase:
         with self.rank.recorder.active():
-            phase = super().prefill(tokens, window, *rest)
+            phase = super().prefill(tokens, window, *rest, paths=paths)
         return rewrite_collectives(phase, self.rank.recorder.calls)
 
-    def decode(self, window: int) -> TracedPhase:
+    def decode(self, window: int, paths: bool = False) -> TracedPhase:
         with self.rank.recorder.active():
-            phase = super().decode(window)
+            phase = super().decode(window, paths=paths)
         return rewrite_collectives(phase, self.rank.recorder.calls)
 
 
@@ -377,7 +377,11 @@ def rewrite_collectives(phase: TracedPhase, calls: list[Call]) -> TracedPhase:
     spread: dict[str, int] = {}  # the broadcast of a reserved input -> its call
     used: list[int] = []
     ops: list[TracedOp] = []
-    for op in phase.ops:
+    # The module path of each kept op: a collective is the module's whose call made its marker.
+    path_of: dict[str, str] = {}
+    traced_paths = phase.module_paths or [""] * len(phase.ops)
+    for op, path in zip(phase.ops, traced_paths, strict=True):
+        path_of[op.outputs[0]] = path
         tags = [t for t in op.inputs if t in tag_of]
         via = [t for t in op.inputs if t in spread]
         if not tags and not via:
@@ -417,6 +421,7 @@ def rewrite_collectives(phase: TracedPhase, calls: list[Call]) -> TracedPhase:
         phase.constants,
         ops,
         {t: v for t, v in phase.tensors.items() if t not in gone | dropped},
+        None if phase.module_paths is None else [path_of[op.outputs[0]] for op in ops],
     )
 
 

@@ -3,7 +3,8 @@
 ``dctms explain`` compares each of these plans with a baseline compiled the same way from the same
 request (``figures.explain.knob_effect``), so a difference is the knob's alone. The re-compiles
 skip the real-length points (``real_lengths=False``, as ``dctms fit``'s probes do): they cost most
-of a compile's time.
+of a compile's time. Every plan kind is re-compiled as it was made (``plan_kinds.compile_kind``:
+a speculative plan with its recorded draft, a vision-language plan with its image bounds).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dctms.schema.fingerprint import canonical_config_sha256
 from dctms.schema.model_folder import ModelFolder, open_model
 from dctms.schema.types import Plan
 from dctms.toolkit.check import options_of
-from dctms.toolkit.compiler import CompileOptions, compile_plan
+from dctms.toolkit.compiler import CompileOptions
+from dctms.toolkit.plan_kinds import compile_kind, kind_of
 
 # knob -> the CompileOptions field it sets
 KNOBS = {"chunk": "prefill_chunk", "N": "input_tokens", "M": "output_tokens", "batch": "batch"}
@@ -67,11 +69,6 @@ def compile_knobs(
             "the plan records no compile request, so its knobs cannot be re-compiled "
             "(re-make it with `dctms compile`, or pass --no-knobs)"
         )
-    if getattr(request, "draft_config", None) is not None or getattr(request, "vision", None):
-        raise DctmsError(
-            "knob re-compiles of speculative and vision-language plans are not supported yet "
-            "(pass --no-knobs for the plan alone)"
-        )
     unknown = [k for k in knobs if k not in KNOBS]
     if unknown:
         raise DctmsError(f"unknown knob {unknown[0]!r} (choose from {', '.join(KNOBS)})")
@@ -82,7 +79,8 @@ def compile_knobs(
         source = ModelFolder(None, request.config, canonical_config_sha256(request.config), ())
     say = progress or (lambda _msg: None)
     say("compiling the baseline")
-    baseline = compile_plan(source, dataclasses.replace(base, real_lengths=False))
+    kind = kind_of(request)  # text, vision-language or speculative: compiled as it was made
+    baseline = compile_kind(source, dataclasses.replace(base, real_lengths=False), kind)
     out = []
     for knob in knobs:
         old = knob_value(plan, knob)
@@ -94,5 +92,9 @@ def compile_knobs(
             # Keep the chunk the plan runs at (the default chunk follows N).
             opts = dataclasses.replace(opts, prefill_chunk=min(plan.bounds.prefill_chunk, new))
         say(f"compiling with {knob} {old} -> {new}")
-        out.append(KnobCompile(knob, old, new, compile_plan(source, opts)))
+        try:
+            changed = compile_kind(source, opts, kind)
+        except DctmsError as err:
+            raise DctmsError(f"--knobs {knob}: {old} -> {new} does not compile: {err}") from None
+        out.append(KnobCompile(knob, old, new, changed))
     return baseline, out

@@ -6,7 +6,9 @@ the arrays it took and returned, and those arrays are added as extra outputs of 
 function, which makes the exporter tell us their ids. Extra outputs that are already part of the
 graph change no primitive and no order (the exporter's tape is built from the outputs in order),
 so the second trace's primitives pair up one to one with the plain trace's; that is checked, and
-on any difference no paths are reported rather than wrong ones.
+on any difference no paths are reported rather than wrong ones. Arrays a module made that the
+outputs never read become extra primitives after all of the plain trace's (the tape reaches them
+last); they are not in the plan and are ignored.
 
 An op belongs to the innermost module call that created it: calls are visited as they return
 (inner ones first), and each claims the not yet claimed ops between its outputs and its inputs.
@@ -128,12 +130,16 @@ def trace_module_paths(
     extra_ids = [t[0] for t in out_ids[len(out_ids) - len(extra) :]] if extra else []
     inputs_of = [tuple(i[0] for i in ev["inputs"]) for ev in prims]
     producer = {o[0]: k for k, ev in enumerate(prims) for o in ev["outputs"]}
+    if len(prims) > len(ops):  # the extra primitives must be ones the real outputs never read
+        real_outputs = [t[0] for t in out_ids[: len(out_ids) - len(extra)]]
+        if max(_reached(real_outputs, inputs_of, producer), default=-1) >= len(ops):
+            return None
     owner: list[str | None] = [None] * len(prims)
     for path, first, n_in, n_out in calls:
         stop = set(extra_ids[first : first + n_in])
         results = extra_ids[first + n_in : first + n_in + n_out]
         _claim(path, results, stop, inputs_of, producer, owner)
-    return [p or STEP for p in owner]
+    return [p or STEP for p in owner[: len(ops)]]
 
 
 def _claim(
@@ -159,12 +165,26 @@ def _claim(
         todo.extend(i for i in inputs_of[k] if i not in stop)
 
 
+def _reached(tensors: list[str], inputs_of: list[tuple[str, ...]], producer: dict[str, int]):
+    """The primitives ``tensors`` depend on."""
+    seen: set[int] = set()
+    todo = list(tensors)
+    while todo:
+        k = producer.get(todo.pop())
+        if k is not None and k not in seen:
+            seen.add(k)
+            todo.extend(inputs_of[k])
+    return seen
+
+
 def _same_primitives(prims: list[dict], ops: Sequence[_OpLike]) -> bool:
     from dctms.schema.values import args_to_plain
 
-    if len(prims) != len(ops):
+    # Arrays a call made that nothing returns (a pipeline rank's embedding, replaced by the
+    # received hidden state) add primitives, after the plain trace's: those must be its prefix.
+    if len(prims) < len(ops):
         return False
-    for ev, op in zip(prims, ops, strict=True):
+    for ev, op in zip(prims, ops, strict=False):
         if ev["name"] != op.primitive or len(ev["outputs"]) != len(op.outputs):
             return False
         if repr(args_to_plain(list(ev["arguments"]))) != repr(op.args):  # NaN-safe

@@ -49,7 +49,7 @@ from dctms.toolkit.compiler import (
 )
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lengths import WINDOW, NotAffine, digest, fit, sample_lengths
-from dctms.toolkit.module_paths import attach_modules
+from dctms.toolkit.module_paths import attach_modules, trace_module_paths
 from dctms.toolkit.trace import PhaseTracer, StaticKVCache, TracedPhase, _export
 
 MAX_DRAFT = 64  # more draft tokens per round than any speculative setup uses
@@ -124,10 +124,10 @@ def compile_speculative(
         envelope,
     )
     request = msgspec.structs.replace(plan.compile, draft_config=draft.config, num_draft=num_draft)
-    plan = msgspec.structs.replace(
-        plan, compile=request, draft=_draft_record(draft, d_part, num_draft)
-    )
-    plan = attach_modules(plan, t_part.traced.phases)  # the target's module paths
+    # Each model's module paths in its own tree: the draft's layers are not the target's.
+    record = attach_modules(_draft_record(draft, d_part, num_draft), d_part.traced.phases)
+    plan = msgspec.structs.replace(plan, compile=request, draft=record)
+    plan = attach_modules(plan, t_part.traced.phases)  # the target's, verify included
     self_check(plan)
     return plan
 
@@ -216,7 +216,7 @@ def _verify_phase(tokens: int):
     """The target's extra phase: ``tokens`` tokens at ``position``, attention over the window."""
 
     def more(tracer: PhaseTracer, window: int, real_lengths: bool):
-        bound = trace_verify(tracer, tokens, window)
+        bound = trace_verify(tracer, tokens, window, paths=True)
         if not real_lengths:
             return [(bound, None)]
         return [(bound, _fit_window(lambda w: trace_verify(tracer, tokens, w), bound, window))]
@@ -224,9 +224,12 @@ def _verify_phase(tokens: int):
     return more
 
 
-def trace_verify(tracer: PhaseTracer, tokens: int, window: int) -> TracedPhase:
+def trace_verify(
+    tracer: PhaseTracer, tokens: int, window: int, paths: bool = False
+) -> TracedPhase:
     """``tokens`` tokens at ``position`` against the static cache; ``next_token`` [batch, tokens]
-    is the greedy id after each (argmax of log-probabilities, as mlx-lm's greedy sampler)."""
+    is the greedy id after each (argmax of log-probabilities, as mlx-lm's greedy sampler);
+    ``paths``: with each op's module path (a second, recording trace)."""
     if tracer.layout.quant is not None:
         raise DctmsError(
             "--draft with --kv-bits: a quantised KV cache is not planned for speculative decoding yet"
@@ -254,7 +257,13 @@ def trace_verify(tracer: PhaseTracer, tokens: int, window: int) -> TracedPhase:
         "tokens": mx.zeros((tracer.batch, tokens), mx.int32),
         "position": mx.array(0, mx.int32),
     }
-    return _export(VERIFY, tokens, fn, feeds, tracer.weights, tracer.state, tracer.layout.names)
+    phase = _export(VERIFY, tokens, fn, feeds, tracer.weights, tracer.state, tracer.layout.names)
+    if paths:
+        keywords = {**tracer.weights, **tracer.state}
+        phase.module_paths = trace_module_paths(
+            tracer.model, fn, list(feeds.values()), keywords, phase.ops
+        )
+    return phase
 
 
 def _fit_window(trace_at: Callable[[int], TracedPhase], bound: TracedPhase, window: int):

@@ -29,6 +29,7 @@ from dctms.schema.types import (
 from dctms.schema.vision_bytes import intermediate_need
 from dctms.toolkit import compiler as text
 from dctms.toolkit.envelope import build_envelope
+from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import ridge_point
 from dctms.toolkit.trace import kv_capacity, max_window
 from dctms.toolkit.vision_families import family_of
@@ -168,6 +169,7 @@ def compile_vlm_plan(
             ],
         ),
     )
+    plan = attach_modules(plan, traced.phases)
     text.self_check(plan)
     return plan
 

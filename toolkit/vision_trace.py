@@ -24,6 +24,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from dctms.schema.errors import DctmsError
+from dctms.toolkit.module_paths import trace_module_paths
 from dctms.toolkit.trace import (
     DTYPES,
     KVLayout,
@@ -161,6 +162,7 @@ class VisionTracer:
             "row": mx.array(0, mx.int32),
         }
         phase = _export(name, tokens, fn, feeds, self.weights, {}, 0)
+        phase = self._with_paths(phase, fn, feeds, {})
         out = phase.outputs[0]
         phase.outputs = [dataclasses.replace(out, name="image_features")]
         return phase
@@ -186,7 +188,8 @@ class VisionTracer:
         }
         if self.family.mrope:
             feeds["rope_positions"] = mx.zeros((3, 1, tokens), mx.int32)
-        return _export("prefill", tokens, fn, feeds, self.weights, self.state, self.num_layers)
+        phase = _export("prefill", tokens, fn, feeds, self.weights, self.state, self.num_layers)
+        return self._with_paths(phase, fn, feeds, self.state)
 
     def decode(self, window: int) -> TracedPhase:
         def fn(tokens_, position, rope=None, **kw):
@@ -199,7 +202,17 @@ class VisionTracer:
         feeds = {"tokens": mx.zeros((1,), mx.uint32), "position": mx.array(0, mx.int32)}
         if self.family.mrope:
             feeds["rope_positions"] = mx.zeros((3, 1, 1), mx.int32)
-        return _export("decode", 1, fn, feeds, self.weights, self.state, self.num_layers)
+        phase = _export("decode", 1, fn, feeds, self.weights, self.state, self.num_layers)
+        return self._with_paths(phase, fn, feeds, self.state)
+
+    def _with_paths(self, phase: TracedPhase, fn, feeds: dict, state: dict) -> TracedPhase:
+        """``phase`` with the mlx-vlm module path of every op (``vision_tower...``,
+        ``multi_modal_projector``, ``language_model.model.layers.3.self_attn``): a second,
+        recording trace, as text phases get (``toolkit.module_paths``)."""
+        phase.module_paths = trace_module_paths(
+            self.model, fn, list(feeds.values()), {**self.weights, **state}, phase.ops
+        )
+        return phase
 
     def traced(self, phases: list[TracedPhase]) -> Traced:
         weight_bindings = [
