@@ -2,7 +2,7 @@
 
 The tree is well formed (one name per parent entry, parents before children, names free of dots,
 no path twice), every phase's runs cover its ops exactly, each naming a node of the tree, and a
-decoder layer a path names (its first all-digit name) is one the model has.
+decoder layer a path names (its first all-digit name) is one the model has (a rank's: one it runs).
 """
 
 from __future__ import annotations
@@ -63,9 +63,13 @@ def module_runs(ix: PlanIndex) -> Iterator[Finding]:
 def module_layer(ix: PlanIndex) -> Iterator[Finding]:
     """A module path's decoder layer, when it names one, is a layer the model has. In a
     vision-language plan only the text phases' modules are decoder modules: the vision tower's
-    numbered blocks (``encoder.layers.5``, ``merger.mlp.2``) are not the language model's."""
+    numbered blocks (``encoder.layers.5``, ``merger.mlp.2``) are not the language model's. A rank
+plan's paths name only the layers that rank runs."""
     layers = ix.plan.model.num_layers
     checked = _text_nodes(ix)
+    # A rank runs layers [start, end) only (pipeline); its paths keep the model's numbering.
+    dist = ix.plan.distributed
+    rank = tuple(dist.layers) if dist is not None and len(dist.layers) == 2 else None
     for i, path in enumerate(node_paths(ix.plan.modules)):
         if checked is not None and i not in checked:
             continue
@@ -74,6 +78,11 @@ def module_layer(ix: PlanIndex) -> Iterator[Finding]:
             yield (
                 f"$.modules.names[{i}]",
                 f"{path}: layer {layer}, but the model has {layers} layers",
+            )
+        elif layer is not None and rank is not None and not rank[0] <= layer < rank[1]:
+            yield (
+                f"$.modules.names[{i}]",
+                f"{path}: layer {layer}, but this rank runs layers {rank[0]}..{rank[1] - 1}",
             )
 
 

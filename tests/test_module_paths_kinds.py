@@ -133,6 +133,16 @@ def test_pipeline_rank_names_only_its_own_layers():
     # The hidden state arrives from the previous rank inside the model's own __call__.
     assert {(kind, path) for _, kind, path in _collective_paths(plan)} >= {("Recv", "model")}
     assert verify_plan(plan) == []
+    # A path naming a layer of another rank is rejected.
+    names = list(plan.modules.names)
+    names[node_paths(plan.modules).index(f"model.layers.{start}")] = "0"
+    broken = msgspec.structs.replace(
+        plan, modules=msgspec.structs.replace(plan.modules, names=names)
+    )
+    problems = [p for p in verify_plan(broken) if p.rule == "module_layer"]
+    assert problems and all(
+        f"layer 0, but this rank runs layers {start}..{end - 1}" in p.message for p in problems
+    ), problems
 
 
 # ------------------------------------------------------------------------------ vision-language
