@@ -23,6 +23,7 @@ class RankRow:
     intermediate: int
     provable: int  # M_max without the runtime allowance (what MLX's peak must stay under)
     total: int  # M_max
+    shard: str = ""  # tensor parallel: "1 of 2" (every rank runs every layer, a slice of each)
 
 
 def rank_label(plan: Plan) -> str | None:
@@ -59,9 +60,21 @@ def rank_rows(plans: list[Plan]) -> list[RankRow]:
                 e.intermediate,
                 e.provable,
                 e.total,
+                _shard(p),
             )
         )
     return rows
+
+
+def largest_rank(plans: list[Plan]) -> int:
+    """The rank whose M_max is the largest (the lowest such rank on a tie): the one that decides
+    whether the split fits a device of a given size."""
+    return max(plans, key=lambda p: (p.envelope.total, -p.distributed.rank)).distributed.rank
+
+
+def _shard(plan: Plan) -> str:
+    d = plan.distributed
+    return f"{d.rank} of {d.ranks}" if d.mode == "tensor" else ""
 
 
 def _layers(span: list[int]) -> str:

@@ -20,6 +20,7 @@ from textual.screen import ModalScreen, Screen
 
 from dctms.schema.errors import DctmsError
 from dctms.schema.io import read_plan
+from dctms.schema.ranks import read_rank_plans
 from dctms.tui.screens.base import InspectorScreen, PhaseScreen
 from dctms.tui.screens.buffers import BuffersScreen
 from dctms.tui.screens.diff import DiffScreen
@@ -60,6 +61,9 @@ class InspectorApp(App[int]):
         Binding("tab", "cycle_screen(1)", "next screen", show=False, priority=True),
         Binding("shift+tab", "cycle_screen(-1)", "previous screen", show=False, priority=True),
         Binding("p", "next_phase", "phase"),
+        # Only with a folder of rank plans (dctms-tui FOLDER): every screen shows another rank.
+        Binding("r", "next_rank(1)", "rank"),
+        Binding("R", "next_rank(-1)", "previous rank", show=False),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
     ]
@@ -135,6 +139,32 @@ class InspectorApp(App[int]):
         if count:
             self.phase = (self.phase + 1) % count
 
+    # --------------------------------------------------------------------------------- ranks
+
+    async def action_next_rank(self, step: int) -> None:
+        """Every screen shows the next (``step`` 1) or previous (-1) rank's plan: the screens not
+        on view are dropped (rebuilt when next shown); the one on view is rebuilt by stepping to
+        another screen, dropping it and coming back (a mode's base screen cannot be replaced)."""
+        ranks = self.inspection.ranks
+        if not ranks or isinstance(self.screen, ModalScreen):
+            return
+        self.inspection.select_rank((self.inspection.rank + step) % len(ranks))
+        self.title = f"dctms-tui {self.inspection.title}"
+        if self.phase >= len(self.inspection.plan.phases):
+            self.set_reactive(InspectorApp.phase, 0)  # no watcher: the screens are rebuilt below
+        current = self.current_mode
+        for mode in self.modes:
+            if mode != current:
+                await self._drop_mode(mode)
+        await self.switch_mode(next(m for m in self.modes if m != current))
+        await self._drop_mode(current)
+        await self.switch_mode(current)
+
+    async def _drop_mode(self, mode: str) -> None:
+        """Forget ``mode``'s screen: it is built afresh, from the plan now shown, when next shown."""
+        await self.remove_mode(mode)
+        self.add_mode(mode, next(s for s in self.screen_classes if s.MODE == mode))
+
     def watch_phase(self) -> None:
         if isinstance(self.screen, PhaseScreen):
             self.screen.sync_phase()
@@ -143,6 +173,8 @@ class InspectorApp(App[int]):
         # "p" only does something (and only shows in the footer) on the per-phase screens.
         if action == "next_phase":
             return isinstance(self.screen, PhaseScreen) and len(self.inspection.plan.phases) > 1
+        if action == "next_rank":
+            return self.inspection.ranks is not None and not isinstance(self.screen, ModalScreen)
         if action in ("cycle_screen", "show_number", "help"):
             # Not over the help page or the command palette: keys go to them.
             return not isinstance(self.screen, ModalScreen)
@@ -196,11 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Inspect a dctms plan in the terminal: envelope, memory curve, lifetimes, buffers, "
             "schedule, ops. With two plans (OLD NEW) it opens on what changed between them. "
+            "With the folder of rank plans dctms compile --ranks wrote, the Overview lists every "
+            "rank and r / R shows the next / previous rank's plan on every screen. "
             "An invalid plan is refused with one line on stderr and exit status 2."
         ),
     )
     parser.add_argument(
-        "plans", nargs="+", metavar="PLAN", help="a plan file, or OLD NEW to compare"
+        "plans",
+        nargs="+",
+        metavar="PLAN",
+        help="a plan file, a folder of rank plans (compile --ranks), or OLD NEW to compare",
     )
     parser.add_argument(
         "--screen",
@@ -222,12 +259,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give one PLAN, or OLD NEW to compare two plans")
     if args.screen == "diff" and len(args.plans) != 2:
         parser.error("--screen diff needs two plans: OLD NEW")
+    ranks = None
     try:
-        plans = [read_plan(path) for path in args.plans]
+        if len(args.plans) == 1 and Path(args.plans[0]).is_dir():  # compile --ranks's folder
+            ranks = read_rank_plans(args.plans[0])
+            plans = ranks[:1]
+        else:
+            plans = [read_plan(path) for path in args.plans]
     except DctmsError as err:
         print(f"dctms-tui: {err}", file=sys.stderr)
         return err.exit_code
-    if len(plans) == 2:
+    if ranks is not None:
+        inspection = Inspection(ranks[0], args.plans[0], ranks=ranks)
+    elif len(plans) == 2:
         inspection = Inspection(plans[1], args.plans[1], old=plans[0], old_path=args.plans[0])
     else:
         inspection = Inspection(plans[0], args.plans[0])

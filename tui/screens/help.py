@@ -29,6 +29,8 @@ KEYS = [
     ("enter / escape", "apply the search and go back to the list / leave the search box"),
     ("e", "Schedule: switch between the slots and the sync points"),
 ]
+# Listed after "p" when the inspector opened a folder of rank plans.
+RANK_KEYS = [("r / R", "next / previous rank's plan on every screen (a folder of rank plans)")]
 
 
 class HelpScreen(ModalScreen[None]):
@@ -38,7 +40,11 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         sections: list[Table] = []
-        for key, what in KEYS:
+        keys = list(KEYS)
+        if getattr(self.app, "inspection", None) and self.app.inspection.ranks is not None:
+            after_p = next(i for i, (key, _) in enumerate(keys) if key == "p") + 1
+            keys[after_p:after_p] = RANK_KEYS
+        for key, what in keys:
             if not what:  # a section heading starts a new table
                 sections.append(
                     Table(

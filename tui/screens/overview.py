@@ -20,6 +20,7 @@ from dctms.figures.overview import (
     speculative_line,
     table1,
 )
+from dctms.figures.ranks import largest_rank, rank_rows
 from dctms.figures.roofline import (
     phase_lines,
     plan_roofline,
@@ -46,6 +47,8 @@ class OverviewScreen(InspectorScreen):
                 f"v{h.schema_version}; {h.generator}[/dim]",
                 id="header",
             )
+            if self.inspection.ranks is not None:
+                yield Static(self._ranks(), id="ranks", classes="figure")
             yield Static("[b]Memory envelope[/b]", classes="section")
             yield EnvelopeBar(plan.envelope, id="envelope")
             yield Static("[dim]findings: computing...[/dim]", id="findings", classes="figure")
@@ -70,6 +73,34 @@ class OverviewScreen(InspectorScreen):
         return "[b]Findings[/b] [dim](dctms explain PLAN adds what each knob changes)[/dim]\n" + (
             "\n".join(f"  • {escape(line)}" for line in lines)
         )
+
+    def _ranks(self) -> Table:
+        """Every rank's envelope (bytes); ▶ marks the rank on view, the largest M_max is flagged."""
+        ranks = self.inspection.ranks or []
+        largest = largest_rank(ranks)
+        d = self.inspection.plan.distributed
+        table = Table(
+            title=f"{d.ranks} ranks, {d.mode} parallel [dim](r / R: next / previous rank)[/dim]",
+            title_justify="left",
+            box=None,
+        )
+        table.add_column("")
+        table.add_column("rank", justify="right")
+        table.add_column("layers")
+        table.add_column("shard")
+        for name in ("weights", "KV", "M_intermediate", "M_max"):
+            table.add_column(f"{name} bytes", justify="right")
+        table.add_column("")
+        for r in rank_rows(ranks):
+            table.add_row(
+                "▶" if r.rank == self.inspection.rank else "",
+                str(r.rank),
+                r.layers,
+                r.shard or "-",
+                *(f"{v:,}" for v in (r.weights, r.kv, r.intermediate, r.total)),
+                "largest" if r.rank == largest else "",
+            )
+        return table
 
     def _bounds(self) -> Table:
         table = Table(title="Bounds", title_justify="left", show_header=False, box=None)
