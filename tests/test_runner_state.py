@@ -66,6 +66,8 @@ def session(model):
     mx.clear_cache()
     baseline = mx.get_active_memory()  # arrays other tests in this process still hold
     session = Session(load_checked_plan(plan_path), open_model_folder(folder))
+    # The memory limit covers them too, or MLX's throttle would hold back the plan's run-ahead.
+    session.apply_limits(baseline)
     session.test_baseline = baseline
     yield session
     mx.set_memory_limit(memory)
