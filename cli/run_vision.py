@@ -11,7 +11,6 @@ import sys
 
 
 def run_vision(args: argparse.Namespace, plan, model, target) -> int:
-    import mlx.core as mx
 
     from dctms.cli.commands.run import EXIT_OVER_ENVELOPE, summary
     from dctms.runner.measure import RssSampler
@@ -37,7 +36,7 @@ def run_vision(args: argparse.Namespace, plan, model, target) -> int:
         gen = session.generate_vision(request, inputs, serial=args.serial)
     text = tokenizer.decode(gen.tokens)
     report = build_report(
-        plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, list(inputs.prompt)
+        plan, gen, session.observed_peak(), rss.peak, rss.series, text, list(inputs.prompt)
     )
     report["vision"] = {
         "images": len(inputs.pixels),

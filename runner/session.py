@@ -142,6 +142,9 @@ class Session:
         check_fingerprint(plan, model, verify_hashes)
         self.plan = plan
         configure_mlx(plan)
+        # What others already hold in this process (nothing in a `dctms run` of its own; the
+        # caller's arrays when the runner is used as a library): not this session's memory.
+        self.baseline = mx.get_active_memory()
         self.apply_limits()
         mx.reset_peak_memory()
         self.weights = load_weights(model, self.plan)
@@ -173,10 +176,17 @@ class Session:
                 arrays += extra.constants.values()
         return sum(a.nbytes for a in arrays)
 
-    def apply_limits(self, foreign_bytes: int = 0) -> None:
+    def observed_peak(self) -> int:
+        """MLX's peak since the session started, above what the process held before it."""
+        return mx.get_peak_memory() - self.baseline
+
+    def apply_limits(self, foreign_bytes: int | None = None) -> None:
         """MLX's memory limit = the provable envelope; its buffer cache as the plan assumes: off
         when the plan counts no allocator slack (a reused cached buffer may be larger than asked
-        for), else limited to M_intermediate (the runtime allowance covers it)."""
+        for), else limited to M_intermediate (the runtime allowance covers it). ``foreign_bytes``
+        defaults to what the process held when the session started."""
+        if foreign_bytes is None:
+            foreign_bytes = self.baseline
         env = self.plan.envelope
         # MLX pauses the host after an op while active memory is above this limit (and a full task
         # is outstanding): that throttle is what keeps its run-ahead within the plan's

@@ -53,12 +53,14 @@ class VisionSession(Session):
         self.pending: list[tuple[np.ndarray, str, int]] = []  # (pixels, phase, first chunk)
         self.vision_s = 0.0
 
-    def apply_limits(self, foreign_bytes: int = 0) -> None:
+    def apply_limits(self, foreign_bytes: int | None = None) -> None:
         """As the text session; with overlapped streams one op of each may start just under the
         limit, so the limit leaves room for the largest op of both."""
         super().apply_limits(foreign_bytes)
         if self.plan.vision is None or not self.plan.vision.overlap:
             return
+        if foreign_bytes is None:
+            foreign_bytes = self.baseline
         from msgspec.structs import replace
 
         variants = {v.phase for v in self.plan.vision.variants}

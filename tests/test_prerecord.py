@@ -163,3 +163,27 @@ def test_dctms_run_reports_the_recording_as_set_up(model, tmp_path, capsys) -> N
     assert setup["recorded_points"] == len(pre) + len(dec) > 0 and setup["record_s"] > 0
     assert f"set-up: graphs of {len(pre) + len(dec)} length points recorded in" in err
     assert "before the first token (not in TTFT)" in err
+
+
+def test_dctms_run_counts_only_its_own_memory_in_a_shared_process(model, tmp_path) -> None:
+    """Run as a library call, beside arrays the caller holds (here 8 MB, far above this plan's
+    provable envelope), the run's observed peak is its own: within the envelope, and not below
+    what the session itself must hold."""
+    import json
+
+    import mlx.core as mx
+
+    from dctms.cli.main import main as cli
+
+    held = mx.ones((2_000_000,), dtype=mx.float32)
+    mx.eval(held)
+    report = tmp_path / "r.json"
+    ids = ",".join(map(str, prompt(9)))
+    args = ["run", str(model[0]), "--model", str(model[1]), "--tokens", ids, "--max-tokens", "3"]
+    assert cli([*args, "--ignore-eos", "--report", str(report)]) == 0
+    doc = json.loads(report.read_text())
+    plan = load_checked_plan(model[0])
+    observed = doc["observed"]["mlx_peak_bytes"]
+    assert doc["within_envelope"] and observed <= plan.envelope.provable < held.nbytes
+    assert observed >= plan.envelope.weights + plan.envelope.kv
+    del held

@@ -107,7 +107,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, target) -> int:
     # Imports here keep `dctms run` free of the compiler's modules.
-    import mlx.core as mx
 
     from dctms.runner.load import load_checked_plan
     from dctms.runner.measure import RssSampler
@@ -137,7 +136,8 @@ def _run(args: argparse.Namespace, target) -> int:
             recorded = session.prerecord([request])  # set-up: reported, not in TTFT
             gen = session.generate(request)
     text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
-    report = build_report(plan, gen, mx.get_peak_memory(), rss.peak, rss.series, text, prompt)
+    peak = (spec.target if draft is not None else session).observed_peak()
+    report = build_report(plan, gen, peak, rss.peak, rss.series, text, prompt)
     if recorded is not None:
         report["setup"] = {"recorded_points": recorded.points, "record_s": recorded.seconds}
     if draft is not None:
