@@ -6,7 +6,8 @@ here, so an edit that lowers it (and re-stamps the digest) is still refused:
 
 - ``persistent_state`` (runnable plans: both runner phases): the runner holds every phase's constants and two calls' input arrays
   (one computing, one being built), each with the allocator's slack; ``envelope.persistent`` covers
-  at least that.
+  at least that. A serial vision plan's features table is one array every prefill call reads: once
+  (``schema.vision_bytes.input_copies``).
 - ``runtime_floor`` (runnable plans): ``envelope.runtime`` covers at least the runner process's baseline for the
   backend (``RUNTIME_FLOOR``), plus MLX's buffer cache (limited to M_intermediate) when the plan
   keeps one (``allocator_slack`` > 0).
@@ -29,7 +30,7 @@ from collections.abc import Iterator
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.rules_runner import runnable
 from dctms.schema.sizes import ITEMSIZE, is_arena_tenant
-from dctms.schema.vision_bytes import vision_phases
+from dctms.schema.vision_bytes import input_copies, vision_phases
 
 Finding = tuple[str, str]
 
@@ -57,10 +58,14 @@ def persistent_state(ix: PlanIndex) -> Iterator[Finding]:
     need = 0
     for phase in plan.phases:
         constants = [_bytes(c.shape, c.dtype) for c in phase.constants]
-        inputs = [_bytes(b.shape, b.dtype) for b in phase.inputs if b.kind == "input"]
+        inputs = [
+            (input_copies(plan, phase, b), _bytes(b.shape, b.dtype))
+            for b in phase.inputs
+            if b.kind == "input"
+        ]
         need += sum(b + min(b, slack) for b in constants)
         if phase.name not in variants:
-            need += 2 * sum(b + min(b, slack) for b in inputs)
+            need += sum(copies * (b + min(b, slack)) for copies, b in inputs)
     if plan.envelope.persistent < need:
         yield (
             "$.envelope.persistent",

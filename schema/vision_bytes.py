@@ -3,7 +3,7 @@ values and its row), counted with that phase's arena rather than as persistent s
 
 The runner makes them for one vision call, waits for the call and drops them before the next
 (``runner.vision_session``); the features table, also an input of every vision call, lives across
-calls and is counted once with prefill's inputs (persistent)."""
+calls and is counted with prefill's inputs (persistent): once in a serial plan, twice overlapped."""
 
 from __future__ import annotations
 
@@ -46,3 +46,13 @@ def intermediate_need(plan) -> int:
         return max(calls.values(), default=0)
     text = max((b for n, b in calls.items() if n not in variants), default=0)
     return text + max((b for n, b in calls.items() if n in variants), default=0)
+
+
+def input_copies(plan, phase, binding) -> int:
+    """How many of a runner phase's input arrays are alive at once (persistent state): two calls'
+    (one computing, one being built), but one features table in a serial plan. There every image is
+    encoded and waited for before prefill, and every prefill call reads that same array; a vision
+    call's new table is its arena's output. Overlapped, a prefill call still computing may read the
+    old table while the new one (its vision call done) is already fed to the next: two."""
+    serial = plan.vision is not None and not plan.vision.overlap
+    return 1 if serial and phase.name == "prefill" and binding.name == TABLE else 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -477,6 +478,43 @@ def test_an_overlapped_plan_says_what_runs_concurrently(vlm, overlapped) -> None
     serial = read_plan(vlm[1])
     claimed = replace(serial, vision=replace(serial.vision, overlap=True))
     assert "envelope_sum" in {p.rule for p in verify_plan(claimed)}
+
+
+def test_a_serial_plan_holds_one_features_table(vlm, overlapped) -> None:
+    """Serial, every image is encoded before prefill and every prefill call reads that one table:
+    persistent state counts it once beside two calls' other inputs. Overlapped, a prefill call
+    may still read the old table while the new one is fed to the next: twice. Less is refused."""
+    from msgspec.structs import replace
+
+    from dctms.schema.sizes import ITEMSIZE
+
+    def blocks(plan) -> tuple[int, int, int]:
+        slack = plan.target.allocator_slack
+        prefill = next(p for p in plan.phases if p.name == "prefill")
+        sizes = {
+            b.name: math.prod(b.shape) * ITEMSIZE[b.dtype]
+            for b in prefill.inputs
+            if b.kind == "input"
+        }
+        sizes = {n: b + min(b, slack) for n, b in sizes.items()}
+        table = sizes.pop("image_features")
+        recorded = next(s.bytes for s in plan.state if s.name == "prefill.inputs")
+        return recorded, sum(sizes.values()), table
+
+    def lowered(plan, by: int):
+        return replace(plan, envelope=replace(plan.envelope, persistent=plan.envelope.persistent - by))
+
+    def rules(plan) -> set[str]:
+        return {p.rule for p in verify_plan(plan)}
+
+    serial, both = read_plan(vlm[1]), read_plan(overlapped)
+    recorded, others, table = blocks(serial)
+    assert table > 0 and recorded == 2 * others + table
+    recorded, others, table = blocks(both)
+    assert recorded == 2 * (others + table)
+    assert "persistent_state" not in rules(serial) | rules(both)
+    assert "persistent_state" in rules(lowered(serial, 1))
+    assert "persistent_state" in rules(lowered(both, table))  # overlapped, one table is too few
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import msgspec
 
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
+from dctms.schema.sizes import nbytes
 from dctms.schema.types import (
     CompileRequest,
     Plan,
@@ -26,7 +27,7 @@ from dctms.schema.types import (
     VisionRequest,
     VisionVariant,
 )
-from dctms.schema.vision_bytes import intermediate_need
+from dctms.schema.vision_bytes import TABLE, intermediate_need
 from dctms.toolkit import compiler as text
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.module_paths import attach_modules
@@ -127,7 +128,7 @@ def compile_vlm_plan(
             )
         )
     names, slack = {v.phase for v in variants}, settings.allocator_slack
-    state = _state(traced, names, slack)
+    state = _state(traced, names, slack, vision.overlap)
     envelope = build_envelope(
         weights=weights.total_bytes,
         kv=sum(s.bytes for s in state if s.kind == "kv"),
@@ -174,9 +175,21 @@ def compile_vlm_plan(
     return plan
 
 
-def _state(traced, variants: set[str], slack: int):
+def _state(traced, variants: set[str], slack: int, overlap: bool):
     """The text compiler's state without the vision variants' input blocks: a vision call's own
     inputs are counted with its arena, and the features table among them is prefill's input too
-    (their constants are all made once, so stay)."""
+    (their constants are all made once, so stay). A serial plan holds one table, not two calls'
+    (``schema.vision_bytes.input_copies``)."""
     state = text.state_tensors(traced, slack)
-    return [s for s in state if s.name not in {f"{v}.inputs" for v in variants}]
+    state = [s for s in state if s.name not in {f"{v}.inputs" for v in variants}]
+    if overlap:
+        return state
+    table = next(b for b in traced.phase("prefill").inputs if b.name == TABLE)
+    once = nbytes(table.shape, table.dtype)
+    once += min(once, slack)
+    return [
+        msgspec.structs.replace(s, shape=[s.bytes - once], bytes=s.bytes - once)
+        if s.name == "prefill.inputs"
+        else s
+        for s in state
+    ]
