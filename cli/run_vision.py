@@ -12,7 +12,7 @@ import sys
 
 def run_vision(args: argparse.Namespace, plan, model, target) -> int:
 
-    from dctms.cli.commands.run import EXIT_OVER_ENVELOPE, summary
+    from dctms.cli.commands.run import envelope_verdict, summary
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, report_bytes
     from dctms.runner.request import validate_request
@@ -47,11 +47,4 @@ def run_vision(args: argparse.Namespace, plan, model, target) -> int:
         target.write(report_bytes(report))
     print(text)
     print(summary(report), file=sys.stderr)
-    if not report["within_envelope"]:
-        print(
-            f"dctms run: observed MLX peak {report['observed']['mlx_peak_bytes']} bytes exceeds the "
-            f"plan's provable envelope {report['provable_bytes']} bytes",
-            file=sys.stderr,
-        )
-        return EXIT_OVER_ENVELOPE
-    return 0
+    return envelope_verdict(report)

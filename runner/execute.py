@@ -230,13 +230,7 @@ class PhaseProgram:
                 replay = variant.replays[k] or self._record(variant, k, env)
                 env.update(zip(seg.keeps, replay(*[env[t] for t in seg.reads]), strict=True))
                 continue
-            for step in variant.steps[k]:
-                inputs = [env[t] for t in step.inputs]
-                if check:
-                    outs = apply_op(step.primitive, step.args, inputs, step.shapes, step.dtypes)
-                else:
-                    outs = step.direct(inputs)
-                env.update(zip(step.outputs, outs, strict=True))
+            _run_steps(variant.steps[k], env, check)
 
     def run(
         self,
@@ -272,14 +266,7 @@ class PhaseProgram:
                 # not be updated in place but copied).
                 env.update(zip(seg.keeps, replay(*[env[t] for t in seg.reads]), strict=True))
             else:
-                for step in variant.steps[k]:
-                    inputs = [env[t] for t in step.inputs]
-                    if check:
-                        outs = apply_op(step.primitive, step.args, inputs, step.shapes, step.dtypes)
-                    else:
-                        outs = step.direct(inputs)
-                    for t, arr in zip(step.outputs, outs, strict=True):
-                        env[t] = arr
+                _run_steps(variant.steps[k], env, check)
             # A recorded segment's own tensors never enter env: only what it reads can be dropped.
             for t in seg.drop_recorded if recorded else seg.drop:
                 env.pop(t, None)
@@ -324,6 +311,17 @@ class PhaseProgram:
         mx.export_function(path, build, *[env[t] for t in seg.reads])
         variant.replays[k] = mx.import_function(path)
         return variant.replays[k]
+
+
+def _run_steps(steps, env: dict[str, mx.array], check: bool) -> None:
+    """Build ``steps``' graphs into ``env``: through ``apply_op``'s shape checks, or directly."""
+    for step in steps:
+        inputs = [env[t] for t in step.inputs]
+        if check:
+            outs = apply_op(step.primitive, step.args, inputs, step.shapes, step.dtypes)
+        else:
+            outs = step.direct(inputs)
+        env.update(zip(step.outputs, outs, strict=True))
 
 
 def _segments(

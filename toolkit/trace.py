@@ -136,8 +136,19 @@ def build_model(
         raise DctmsError(
             f"config does not build a {config.get('model_type')} model: {err}"
         ) from None
-    target = DTYPES[dtype]
     # mlx-lm's convert casts floating parameters to the target dtype before quantising.
+    cast_floating(model, dtype)
+    quant = config.get("quantization") or config.get("quantization_config")
+    if quant and "bits" in quant:
+        quantize_like_mlx_lm(model, quant, weight_names)
+    if follow_stored and isinstance(stored, dict):
+        _follow_stored_dtypes(model, stored)
+    return model
+
+
+def cast_floating(model: nn.Module, dtype: str) -> None:
+    """Cast every floating parameter of ``model`` to ``dtype`` (lazily: nothing is computed)."""
+    target = DTYPES[dtype]
     model.update(
         tree_unflatten(
             [
@@ -146,12 +157,6 @@ def build_model(
             ]
         )
     )
-    quant = config.get("quantization") or config.get("quantization_config")
-    if quant and "bits" in quant:
-        quantize_like_mlx_lm(model, quant, weight_names)
-    if follow_stored and isinstance(stored, dict):
-        _follow_stored_dtypes(model, stored)
-    return model
 
 
 def _follow_stored_dtypes(model: nn.Module, stored: dict[str, str]) -> None:

@@ -35,6 +35,7 @@ from dctms.toolkit.trace import (
     _export,
     _ProbeCache,
     _zero_cost,
+    cast_floating,
 )
 from dctms.toolkit.vision_families import VisionFamily, family_of
 
@@ -61,15 +62,7 @@ def build_vlm(config: dict, dtype: str) -> nn.Module:
         raise DctmsError(
             f"config does not build a {config.get('model_type')} mlx-vlm model: {err}"
         ) from None
-    target = DTYPES[dtype]
-    model.update(
-        tree_unflatten(
-            [
-                (k, v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v)
-                for k, v in tree_flatten(model.parameters())
-            ]
-        )
-    )
+    cast_floating(model, dtype)
     return model
 
 

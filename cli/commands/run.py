@@ -153,14 +153,19 @@ def _run(args: argparse.Namespace, target) -> int:
             f"({sp['acceptance']:.1%}) in {sp['rounds']} verify calls of K = {plan.draft.num_draft}",
             file=sys.stderr,
         )
-    if not report["within_envelope"]:
-        print(
-            f"dctms run: observed MLX peak {report['observed']['mlx_peak_bytes']} bytes exceeds the "
-            f"plan's provable envelope {report['provable_bytes']} bytes",
-            file=sys.stderr,
-        )
-        return EXIT_OVER_ENVELOPE
-    return 0
+    return envelope_verdict(report)
+
+
+def envelope_verdict(report: dict) -> int:
+    """0 when the run stayed within the provable envelope; else one stderr line and exit 3."""
+    if report["within_envelope"]:
+        return 0
+    print(
+        f"dctms run: observed MLX peak {report['observed']['mlx_peak_bytes']} bytes exceeds the "
+        f"plan's provable envelope {report['provable_bytes']} bytes",
+        file=sys.stderr,
+    )
+    return EXIT_OVER_ENVELOPE
 
 
 def prompt_request(args: argparse.Namespace, plan, model):
