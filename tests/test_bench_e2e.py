@@ -108,6 +108,8 @@ def test_bench_end_to_end(bench_model, tmp_path: Path, capsys):
     )
     assert "![latency and RSS](bench.png)" in md
     assert "two copies of the weights" in md
+    # a CPU plan counts no allocator slack: the settings say the runner's cache is off, as it is
+    assert "MLX buffer cache off" in summary["settings"]["runner"]
 
 
 def test_interrupt_without_tokenizer_exits_130_with_partial_result(

@@ -286,8 +286,15 @@ def describe_settings(
         mlx_lm_version = version("mlx-lm")
     except Exception:  # metadata missing in unusual installs
         mlx_lm_version = "unknown"
+    from dctms.runner.session import throttle_limit
+
     b = plan.bounds
     env = plan.envelope
+    cache = (  # as Session.apply_limits sets it
+        f"MLX buffer cache {env.intermediate:,} B"
+        if plan.target.allocator_slack
+        else "MLX buffer cache off (the plan counts no allocator slack)"
+    )
     return {
         "plan": str(args.plan),
         "model": str(model.path),
@@ -311,8 +318,9 @@ def describe_settings(
         "mlx_lm.utils.load_model, its own growing KV cache; MLX's default memory/cache limits "
         "re-applied before each call",
         "runner": f"dctms Session.generate (static KV cache for {b.kv_capacity} positions); the "
-        f"plan's limits re-applied before each call (memory {env.provable:,} B = provable M_max, "
-        f"cache {env.intermediate:,} B)",
+        f"plan's limits re-applied before each call (memory {throttle_limit(plan):,} B = provable "
+        f"M_max {env.provable:,} B less the largest single-op allocation, plus what the baseline "
+        f"holds; {cache})",
         "process": "one process: the baseline model and the runner's weights are both loaded "
         "(two copies of the weights) for every call of either system",
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, "
