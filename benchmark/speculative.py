@@ -20,7 +20,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from dctms.benchmark.systems import MlxLimits, Output, Runner
+from dctms.benchmark.systems import MlxLimits, Output, Runner, record_token
 from dctms.figures.units import MIB
 from dctms.schema.output import write_output
 
@@ -96,13 +96,7 @@ class MlxLmSpeculative:
                     round_open = True
                 accepted += bool(from_draft)
                 round_open = bool(from_draft)  # the target's own token closes the round
-                now = time.perf_counter()
-                if out.tokens:
-                    out.token_latencies_s.append(now - last)
-                else:
-                    out.ttft_s = now - start
-                last = now
-                out.tokens.append(int(token))
+                last = record_token(out, token, start, last)
                 if token in stop:
                     break
         finally:

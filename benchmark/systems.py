@@ -34,6 +34,17 @@ class Output:
     token_latencies_s: list[float] = field(default_factory=list)
 
 
+def record_token(out: Output, token: int, start: float, last: float) -> float:
+    """Append ``token`` to ``out`` with its latency (the TTFT for the first); returns now."""
+    now = time.perf_counter()
+    if out.tokens:
+        out.token_latencies_s.append(now - last)
+    else:
+        out.ttft_s = now - start
+    out.tokens.append(int(token))
+    return now
+
+
 class System(Protocol):
     name: str
 
@@ -87,13 +98,7 @@ class Baseline:
         steps = generate_step(mx.array(ids, dtype=mx.int32), self.model, max_tokens=max_tokens)
         try:
             for token, _logprobs in steps:
-                now = time.perf_counter()
-                if out.tokens:
-                    out.token_latencies_s.append(now - last)
-                else:
-                    out.ttft_s = now - start
-                last = now
-                out.tokens.append(int(token))
+                last = record_token(out, token, start, last)
                 if token in stop:
                     break
         finally:

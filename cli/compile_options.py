@@ -12,13 +12,13 @@ import argparse
 from typing import TYPE_CHECKING
 
 from dctms.figures.units import parse_size
+from dctms.schema.draft import DEFAULT_NUM_DRAFT
 from dctms.schema.errors import DctmsError
 
 if TYPE_CHECKING:
     from dctms.toolkit.compiler import CompileOptions
     from dctms.toolkit.plan_kinds import PlanKind
 
-DEFAULT_NUM_DRAFT = 3  # dctms.toolkit.plan_kinds.DEFAULT_NUM_DRAFT (a test keeps them equal)
 
 # Known target profiles, listed here so `--help` needs no compiler import (a test keeps them equal
 # to dctms.toolkit.profiles.PROFILES).

@@ -14,6 +14,7 @@ from dctms.schema.types import Envelope, EnvelopePart, Plan
 
 TARGET, DRAFT = "target", "draft"
 VERIFY = "verify"  # the target's phase that scores the draft's tokens
+DEFAULT_NUM_DRAFT = 3  # draft tokens per verify call unless asked (mlx_lm.generate --num-draft-tokens)
 
 
 def part(plan: Plan, model: str) -> EnvelopePart | None:

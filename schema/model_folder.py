@@ -44,6 +44,12 @@ class ModelFolder:
         return str(self.path) if self.path is not None else "the config"
 
 
+def model_from_config(config: dict) -> ModelFolder:
+    """A model known only by its config.json contents (a plan's recorded request): no folder, no
+    weights, so the compiler traces it and fingerprints nothing."""
+    return ModelFolder(None, config, canonical_config_sha256(config), ())
+
+
 def open_model(path: str | Path) -> ModelFolder:
     """MODEL for the compiler: a folder holding config.json (weights optional), or the config.json."""
     p = Path(path)

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.rules_runner import runnable
-from dctms.schema.sizes import ITEMSIZE, is_arena_tenant
+from dctms.schema.sizes import ITEMSIZE, is_arena_tenant, run_ahead_end
 from dctms.schema.vision_bytes import input_copies, vision_phases
 
 Finding = tuple[str, str]
@@ -146,14 +146,7 @@ def _phase_run_ahead(px: PhaseIndex, budget: int) -> Iterator[Finding]:
         segment_end.append(max(upto[min(boundary, len(upto) - 1)], q))
 
     def widen(k: int) -> int:
-        lo, hi = k, segment_end[k]
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if prefix[mid] - prefix[k + 1] < budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return run_ahead_end(prefix, k, segment_end[k], budget)
 
     outputs = {b.id for b in phase.outputs}
     for i, t in enumerate(tensors):

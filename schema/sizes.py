@@ -129,3 +129,17 @@ def cast_overshoot(tensors: list[WeightTensor]) -> int:
         done += w.bytes
         worst = max(worst, done + nbytes(w.shape, w.stored_dtype or w.dtype) - total)
     return worst
+
+
+def run_ahead_end(prefix: list[int], k: int, end: int, budget: int) -> int:
+    """The last execution position a tensor read last at ``k`` may stay alive to: the largest
+    j <= ``end`` (its segment's sync point) with fewer than ``budget`` encoder dispatches between
+    them (``prefix``: running sums of the ops' dispatches, ``prefix[q]`` before op q)."""
+    lo, hi = k, end
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if prefix[mid] - prefix[k + 1] < budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

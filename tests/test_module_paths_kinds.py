@@ -11,7 +11,7 @@ from conftest import TINY_QWEN2
 
 from dctms.schema.draft import draft_view
 from dctms.schema.errors import DctmsError
-from dctms.schema.model_folder import ModelFolder
+from dctms.schema.model_folder import ModelFolder, model_from_config
 from dctms.schema.modules import node_paths, op_modules
 from dctms.schema.types import ModuleRuns
 from dctms.schema.verify import verify_plan
@@ -21,9 +21,7 @@ OPTS = CompileOptions(12, 8, prefill_chunk=8, pack_seconds=0.1, real_lengths=Fal
 
 
 def _folder(config: dict) -> ModelFolder:
-    from dctms.schema.fingerprint import canonical_config_sha256
-
-    return ModelFolder(None, config, canonical_config_sha256(config), ())
+    return model_from_config(config)
 
 
 def _ops_under(plan, phase, prefix: str) -> list[str]:

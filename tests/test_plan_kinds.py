@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY_QWEN2
 
-from dctms.cli import compile_options
 from dctms.cli.main import main as cli
+from dctms.schema.draft import DEFAULT_NUM_DRAFT
 from dctms.schema.io import read_plan
-from dctms.toolkit import plan_kinds
 from dctms.toolkit.check import check_plan, compile_command
 
 DRAFT = {**TINY_QWEN2, "num_hidden_layers": 1}
@@ -29,10 +28,6 @@ def _config(folder: Path, config: dict) -> Path:
 def pair(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("kinds")
     return _config(root / "target", TINY_QWEN2), _config(root / "draft", DRAFT)
-
-
-def test_the_cli_default_is_the_compilers():
-    assert compile_options.DEFAULT_NUM_DRAFT == plan_kinds.DEFAULT_NUM_DRAFT
 
 
 def test_check_recompiles_a_speculative_plan_with_its_draft(pair, tmp_path):
@@ -59,7 +54,7 @@ def test_fit_with_a_draft_plans_both_models(pair, tmp_path, capsys):
     argv = ["fit", str(target), "--memory", "200MiB", "-M", "4", "--prefill-chunk", "8"]
     assert cli([*argv, "--draft", str(draft), "--max-compiles", "40", "-q", "-o", str(out)]) == 0
     plan = read_plan(out)
-    assert plan.draft is not None and plan.draft.num_draft == plan_kinds.DEFAULT_NUM_DRAFT
+    assert plan.draft is not None and plan.draft.num_draft == DEFAULT_NUM_DRAFT
     assert plan.envelope.total <= 200 * 2**20
     assert [p.model for p in plan.envelope.parts] == ["target", "draft"]
 

@@ -26,9 +26,8 @@ from typing import Any, Literal
 
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError, PlanError
-from dctms.schema.fingerprint import canonical_config_sha256
 from dctms.schema.io import decode_plan, encode_plan, write_plan
-from dctms.schema.model_folder import ModelFolder, open_model
+from dctms.schema.model_folder import ModelFolder, model_from_config, open_model
 from dctms.schema.types import CompileRequest, Plan
 from dctms.toolkit.compiler import CompileOptions
 from dctms.toolkit.plan_kinds import compile_kind, kind_flags, kind_of
@@ -171,8 +170,7 @@ def _source(
         raise DctmsError(
             f"{name}: records the sha256 of its weight files: give --model DIR to check them"
         )
-    config = request.config
-    return ModelFolder(None, config, canonical_config_sha256(config), ())
+    return model_from_config(request.config)
 
 
 def _first_differing_line(a: bytes, b: bytes) -> int:

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dctms.schema.errors import DctmsError
-from dctms.schema.fingerprint import canonical_config_sha256
-from dctms.schema.model_folder import ModelFolder, open_model
+from dctms.schema.model_folder import model_from_config, open_model
 from dctms.schema.types import Plan
 from dctms.toolkit.check import options_of
 from dctms.toolkit.compiler import CompileOptions
@@ -76,7 +75,7 @@ def compile_knobs(
     if model is not None:
         source = open_model(model)
     else:
-        source = ModelFolder(None, request.config, canonical_config_sha256(request.config), ())
+        source = model_from_config(request.config)
     say = progress or (lambda _msg: None)
     say("compiling the baseline")
     kind = kind_of(request)  # text, vision-language or speculative: compiled as it was made

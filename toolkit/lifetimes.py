@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dctms.schema.sizes import nbytes
+from dctms.schema.sizes import nbytes, run_ahead_end
 from dctms.toolkit.memory_model import Layout, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
@@ -136,15 +136,7 @@ def analyse(phase: TracedPhase, sched: Schedule) -> PhaseLives:
         prefix[q + 1] = prefix[q] + dispatches[q]
 
     def widen(k: int) -> int:
-        # Largest j <= segment end with sum(dispatches[k+1 : j]) < RUN_AHEAD_DISPATCHES.
-        lo, hi = k, segment_end[k]
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if prefix[mid] - prefix[k + 1] < RUN_AHEAD_DISPATCHES:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return run_ahead_end(prefix, k, segment_end[k], RUN_AHEAD_DISPATCHES)
 
     slot_interval: dict[str, tuple[int, int]] = {}
     for t, life in lives.items():

@@ -12,13 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dctms.schema.draft import DEFAULT_NUM_DRAFT
 from dctms.schema.errors import DctmsError
-from dctms.schema.fingerprint import canonical_config_sha256
-from dctms.schema.model_folder import ModelFolder
+from dctms.schema.model_folder import ModelFolder, model_from_config
 from dctms.schema.types import CompileRequest, Plan
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-
-DEFAULT_NUM_DRAFT = 3  # as mlx_lm.generate --num-draft-tokens
 
 
 @dataclass(frozen=True)
@@ -77,8 +75,7 @@ def kind_of(request: CompileRequest) -> PlanKind:
         images = Images(v.images, v.height, v.width, v.overlap)
     draft = None
     if request.draft_config is not None:
-        config = request.draft_config
-        draft = ModelFolder(None, config, canonical_config_sha256(config), ())
+        draft = model_from_config(request.draft_config)
     return PlanKind(images, draft, request.num_draft or DEFAULT_NUM_DRAFT)
 
 
