@@ -284,12 +284,14 @@ def op_memory(
 def conv_scratch(
     args: list, inputs: list[Layout], input_dtypes: list[str], out: tuple[int, ...], out_dtype: str
 ) -> int:
-    """Temporaries of MLX's CPU convolution (``explicit_gemm_conv_ND_cpu``, all in float32): the
-    zero-padded input, the unfolded input [N * prod(out spatial), prod(kernel) * C], a float32
-    row-contiguous copy of the weight when it is not one (and another when flipped), a float32
-    output when the output is not, and the 4-byte zero scalar. Counted for every convolution: the
-    slow path (dilation, groups) allocates less."""
-    strides, pad_lo, pad_hi, _kdil, _idil, _groups, flip = args
+    """Temporaries of MLX's CPU convolution (``explicit_gemm_conv_1D_cpu`` and
+    ``explicit_gemm_conv_ND_cpu`` in mlx/backend/cpu/conv.cpp, all in float32): the zero-padded
+    input, the unfolded input [N * prod(out spatial), prod(kernel) * C], a float32 row-contiguous
+    copy of the weight when it is not one -- and always, transposed, for a grouped 1-D convolution
+    (a Mamba conv1d) -- another copy when flipped, a float32 output when the output is not, and the
+    4-byte zero scalar. Counted for every convolution: the slow path (dilation, groups > 1 beyond
+    1-D) allocates less."""
+    strides, pad_lo, pad_hi, kdil, idil, groups, flip = args
     x, w = inputs[0], inputs[1]
     n, channels = x.shape[0], x.shape[-1]
     padded = (
@@ -300,7 +302,8 @@ def conv_scratch(
     unfolded = n * math.prod(out[1:-1]) * math.prod(w.shape[1:-1]) * channels
     weight = math.prod(w.shape)
     total = 4 + 4 * padded + 4 * unfolded
-    if input_dtypes[1] != "float32" or not w.row:
+    one_d_gemm = len(out) == 3 and list(kdil) == [1] and list(idil) == [1] and not flip
+    if (one_d_gemm and groups > 1) or input_dtypes[1] != "float32" or not w.row:
         total += 4 * weight
     if flip:
         total += 4 * weight
