@@ -346,8 +346,10 @@ def _view(primitive: str, args: list, src: Layout, shape: tuple[int, ...]) -> Ef
     if primitive in ("Broadcast", "BroadcastAxes"):
         lead = len(shape) - len(src.shape)
         strides = [0] * lead
+        # MLX's broadcast gives every size-1 input axis stride 0, also one that stays size 1 (a
+        # trailing [K, 1] axis so broadcast is no longer BLAS-friendly: a matmul copies it).
         for i, n in enumerate(src.shape):
-            strides.append(0 if (n == 1 and shape[lead + i] != 1) else src.strides[i])
+            strides.append(0 if n == 1 else src.strides[i])
         if math.prod(shape) == math.prod(src.shape):
             lay = Layout(shape, tuple(strides), src.data_size, src.row, src.col, src.contiguous)
         else:
