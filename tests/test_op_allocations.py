@@ -74,9 +74,11 @@ def per_op_plan_bytes(phase) -> list[int]:
 def under_counted_ops(plan: Plan, folder: Path) -> list[str]:
     """Each op whose MLX allocation, run alone at the phase's bound, exceeds the plan's."""
     from dctms.runner.session import Session
+    from dctms.runner.vision_session import VisionSession
 
-    session = Session(plan, open_model(folder))
+    session = (Session if plan.vision is None else VisionSession)(plan, open_model(folder))
     programs = [session.prefill, session.decode, session.prefill_start, session.decode_start]
+    programs += getattr(session, "encoders", {}).values()
     by_name = {p.name: p for p in programs if p is not None}
     found = []
     old = mx.set_cache_limit(0)
@@ -138,3 +140,18 @@ def test_the_audit_sees_an_under_counted_op(tmp_path) -> None:
     broken = replace(plan, phases=[replace(phase, tensors=tensors), *plan.phases[1:]])
     found = under_counted_ops(broken, tmp_path)
     assert any(f"prefill op {conv} Convolution" in f for f in found), found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_vl"])
+def test_no_vision_op_allocates_more_than_its_plan_says(family, tmp_path) -> None:
+    """The vision phases too (a SigLIP tower; qwen2_vl's tower at each image size)."""
+    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
+    from dctms.toolkit.vision_tiny import write_tiny_vlm
+
+    folder = write_tiny_vlm(tmp_path / "model", family)
+    h, w = (32, 32) if family == "gemma3" else (56, 84)
+    plan = compile_vlm_plan(
+        open_model(folder), CompileOptions(64, 6, prefill_chunk=16), VisionOptions(2, h, w)
+    )
+    assert under_counted_ops(plan, folder) == []

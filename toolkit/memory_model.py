@@ -240,7 +240,13 @@ def op_memory(
             for lay, dt in zip(inputs[:2], input_dtypes[:2], strict=True)
             if not _matmul_friendly(lay)
         )
-        return OpMemory((Effect("alloc", None, row_major(shape)),), scratch, 2)
+        out = row_major(shape)
+        if primitive == "AddMM" and inputs[2].data_size != 1 and inputs[2].row:
+            # MLX fills the output with C by a vector copy first (copy_cpu), which gives it C's
+            # strides: a bias broadcast to [1, n] makes a [1, n] output of strides (0, 1), which a
+            # later matmul has to copy.
+            out = _like(inputs[2], shape)
+        return OpMemory((Effect("alloc", None, out),), scratch, 2)
     if primitive == "Send":
         # mlx.distributed's Send: the output shares the input's buffer; a non-row-contiguous input
         # is sent from a contiguous temporary (backend/cpu/distributed.cpp).
