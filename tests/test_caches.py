@@ -358,6 +358,18 @@ def ring_built(tmp_path_factory):
     return get
 
 
+@pytest.mark.parametrize("name", list(RING_MODELS))
+def test_ring_plans_run_at_real_lengths(ring_built, name) -> None:
+    """A window equal to the ring's slots is not sampled for the fit (the trace there lacks one
+    broadcast), so both phases follow the lengths; the ids tests above run through those points."""
+    _, plan, _, _ = ring_built(name)
+    slots = {s.window.slots for s in plan.state if s.window is not None}
+    for phase in plan.phases:
+        assert phase.lengths is not None and len(phase.lengths.points) > 1, phase.name
+    decode = next(p for p in plan.phases if p.name == "decode")
+    assert slots & {p[0] for p in decode.lengths.points}  # the special window is still run at
+
+
 def test_show_diff_and_bench_see_the_rings(ring_built) -> None:
     """gemma3_text: every other layer a ring of the window's slots; the others grow with the
     position. ``dctms show`` names the window, ``dctms diff`` a changed one."""
