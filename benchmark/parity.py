@@ -4,13 +4,14 @@ Per prompt: mean latency, TTFT and decode tok/s ratios (runner ÷ baseline), the
 every runner call's own MLX peak stayed within the plan's provable envelope, the provable envelope
 ÷ the largest of those peaks, and for both systems the *roofline fraction* of decode:
 
-    decode bytes per token = weight bytes + KV bytes per position × positions attended
+    decode bytes per token = weight bytes + fixed KV bytes + KV bytes per position × positions attended
     fraction = bytes per token × decode tok/s ÷ this machine's measured read bandwidth
 
 (the seeds' memory-wall argument: decode streams every weight once per token). mlx-lm attends over
 the positions written so far (prompt + i at step i); the runner over its decode window at that step
 (the smallest verified window >= prompt + i + 1, ``settings.parity.decode_windows``). Activations
-are left out: they are a small fraction of the bytes in decode.
+are left out: they are a small fraction of the bytes in decode. Fixed KV bytes: sliding-window rings
+and recurrent state, read whole at every step whatever the position (``figures.cache_layout``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def parity_rows(summary: dict, calls: Sequence[dict]) -> list[dict]:
         return []
     bandwidth = info.get("read_bandwidth_bytes_per_s") or 0
     weights, per_pos = info.get("weights_bytes", 0), info.get("kv_bytes_per_position", 0)
+    weights += info.get("kv_fixed_bytes", 0)  # read at every step, like the weights
     provable = info.get("provable_bytes")
     windows = sorted(info.get("decode_windows") or [])
     rows = []
@@ -74,9 +76,7 @@ def parity_rows(summary: dict, calls: Sequence[dict]) -> list[dict]:
             per_token = weights + per_pos * _positions(entry["tokens"], steps, win)
             tok_s = d["decode_tokens_per_s"]
             row[f"{sys}_bytes_per_token"] = per_token
-            row[f"{sys}_roofline"] = (
-                per_token * tok_s / bandwidth if tok_s and bandwidth else None
-            )
+            row[f"{sys}_roofline"] = per_token * tok_s / bandwidth if tok_s and bandwidth else None
         rows.append(row)
     return rows
 
@@ -94,7 +94,7 @@ def render_parity(rows: Sequence[dict], info: dict) -> list[str]:
         "",
         f"Read bandwidth measured in this process before the calls: {bw / 1e9:.2f} GB/s "
         f"({info.get('read_bandwidth_source', 'mx.sum over a large float32 array')}). Roofline "
-        "fraction = (weight bytes + KV bytes per position × positions attended) × decode tok/s "
+        "fraction = (weight bytes + fixed KV bytes + KV bytes per position × positions attended) × decode tok/s "
         "÷ read bandwidth.",
         "",
         "| Prompt | tokens | latency | TTFT | decode tok/s | CV_L | within envelope "

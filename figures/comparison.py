@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dctms.figures.cache_layout import cache_summary
 from dctms.figures.lengths import grid_brief
 from dctms.figures.overview import COMPONENTS, kv_storage
 from dctms.figures.roofline import plan_roofline
@@ -217,6 +218,7 @@ def _bounds(plan: Plan, vision: bool = False) -> list[tuple[str, str, Any]]:
         ("dtype", "dtype", b.dtype),
         ("kv", "KV storage", kv_storage(plan)),
         ("kv_capacity", "KV capacity", b.kv_capacity),
+        ("cache_layers", "cache layers", cache_summary(plan)),
         ("backend", "backend", t.backend),
         ("alignment", "alignment", t.alignment),
         ("profile", "roofline profile", t.profile.name),

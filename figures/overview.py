@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dctms.figures.cache_layout import cache_rows
 from dctms.figures.ranks import rank_label
 from dctms.schema.types import Plan
 
@@ -46,9 +47,12 @@ def header(plan: Plan) -> Header:
 
 
 def kv_storage(plan: Plan) -> str:
-    """``bfloat16`` or ``bfloat16, 4-bit, groups of 64``."""
+    """``bfloat16``, ``bfloat16, 4-bit, groups of 64`` or ``..., quantised from position 40``."""
     kv = plan.bounds.kv
-    return kv.dtype if kv.bits is None else f"{kv.dtype}, {kv.bits}-bit, groups of {kv.group_size}"
+    if kv.bits is None:
+        return kv.dtype
+    start = f", quantised from position {kv.quantized_start}" if kv.quantized_start else ""
+    return f"{kv.dtype}, {kv.bits}-bit, groups of {kv.group_size}{start}"
 
 
 def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
@@ -61,6 +65,7 @@ def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
         ("prefill chunk", str(b.prefill_chunk)),
         ("dtype", b.dtype),
         ("KV cache", f"{kv_storage(plan)}, capacity {b.kv_capacity} positions"),
+        *cache_rows(plan),
     ] + ([("rank", rank_label(plan))] if plan.distributed is not None else [])
 
 

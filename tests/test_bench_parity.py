@@ -52,6 +52,11 @@ def test_parity_rows() -> None:
     assert row["runner_roofline"] == pytest.approx((1000 + 160) * 60 / 1e9)
     calls[0]["mlx_peak_bytes"] = 9000  # a call above the envelope
     assert not parity_rows(summary, calls)[0]["within_envelope"]
+    # a ring or recurrent state is read whole at every step, by both systems
+    summary["settings"]["parity"]["kv_fixed_bytes"] = 300
+    (row,) = parity_rows(summary, calls)
+    assert row["baseline_bytes_per_token"] == pytest.approx(1300 + 10 * 12.5)
+    assert row["runner_bytes_per_token"] == pytest.approx(1300 + 10 * 16)
 
 
 def test_no_parity_settings_no_rows() -> None:

@@ -358,6 +358,41 @@ def ring_built(tmp_path_factory):
     return get
 
 
+@pytest.mark.parametrize("name", list(RING_MODELS))
+def test_ring_plans_run_at_real_lengths(ring_built, name) -> None:
+    """A window equal to the ring's slots is not sampled for the fit (the trace there lacks one
+    broadcast), so both phases follow the lengths; the ids tests above run through those points."""
+    _, plan, _, _ = ring_built(name)
+    slots = {s.window.slots for s in plan.state if s.window is not None}
+    for phase in plan.phases:
+        assert phase.lengths is not None and len(phase.lengths.points) > 1, phase.name
+    decode = next(p for p in plan.phases if p.name == "decode")
+    assert slots & {p[0] for p in decode.lengths.points}  # the special window is still run at
+
+
+def test_show_diff_and_bench_see_the_rings(ring_built) -> None:
+    """gemma3_text: every other layer a ring of the window's slots; the others grow with the
+    position. ``dctms show`` names the window, ``dctms diff`` a changed one."""
+    from msgspec.structs import replace
+
+    from dctms.figures.cache_layout import cache_layout
+    from dctms.figures.comparison import plan_diff
+    from dctms.views.show import show_text
+
+    _, plan, _, _ = ring_built("gemma3-f32")
+    layout = cache_layout(plan)
+    assert layout.ring_layers == (0, 2) and layout.windows == ((WINDOW, 32, 0),)
+    full = plan.envelope.kv - layout.ring_bytes
+    assert layout.bytes_per_position * plan.bounds.kv_capacity == full > 0
+    assert f"window {WINDOW}, ring of 32 slots in 2 of 4 layers" in show_text(plan)
+    wider = [
+        replace(s, window=replace(s.window, window=WINDOW + 8)) if s.window else s
+        for s in plan.state
+    ]
+    rows = {r.key: r for r in plan_diff(plan, replace(plan, state=wider)).bounds}
+    assert rows["cache_layers"].changed and f"window {WINDOW + 8}" in str(rows["cache_layers"].new)
+
+
 @pytest.mark.parametrize(
     "name",
     [pytest.param(n, marks=() if i == 0 else pytest.mark.slow) for i, n in enumerate(RING_MODELS)],
@@ -615,6 +650,18 @@ def test_recurrent_state_is_mlx_lms_to_the_byte(recurrent_built, name) -> None:
         else:  # an attention layer of a hybrid: bytes per position x the plan's capacity
             expected += c.nbytes // c.keys.shape[2] * plan.bounds.kv_capacity
     assert plan.envelope.kv == expected
+
+
+def test_show_and_bench_see_the_recurrent_state(recurrent_built) -> None:
+    """The state is fixed bytes a decode step reads whole; nothing grows with the position."""
+    from dctms.figures.cache_layout import cache_layout
+    from dctms.views.show import show_text
+
+    _, plan, _, _ = recurrent_built("mamba-f32")
+    layout = cache_layout(plan)
+    assert (layout.recurrent_bytes, layout.ring_bytes) == (plan.envelope.kv, 0)
+    assert layout.bytes_per_position == 0 and layout.recurrent_layers == (0, 1)
+    assert "recurrent state      2 of 2 layers, 11,264 bytes whatever the length" in show_text(plan)
 
 
 MODELS_DTYPE = "float32"

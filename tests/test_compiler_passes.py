@@ -298,3 +298,40 @@ def test_allocator_slack_by_hand() -> None:
     ]
     assert slack_bytes(tensors, 3, 8192) == 100 + 8192  # slot 1: a and b live
     assert slack_bytes(tensors, 3, 0) == 0
+
+
+CONV_CASES = [
+    # (input shape, weight shape, groups, flip): MLX's explicit-gemm paths
+    ((1, 19, 128), (128, 4, 1), 128, False),  # a Mamba conv1d: depthwise, the weight copied transposed
+    ((1, 19, 64), (64, 4, 2), 32, False),  # grouped 1-D
+    ((1, 19, 128), (64, 4, 128), 1, False),  # plain 1-D
+    ((1, 19, 16), (8, 3, 16), 1, True),  # flipped 1-D: the N-D path, a flipped weight copy
+    ((2, 10, 10, 8), (16, 3, 3, 8), 1, False),  # 2-D
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "groups", "flip"), CONV_CASES)
+def test_convolution_scratch_is_what_mlx_allocates(x_shape, w_shape, groups, flip) -> None:
+    """The memory model's convolution scratch against MLX's own allocations while the op runs
+    (peak above the inputs, less the output): counting less than MLX lets a run exceed M_max."""
+    import mlx.core as mx
+
+    spatial = len(x_shape) - 2
+    x = mx.random.normal(x_shape)
+    w = mx.random.normal(w_shape)
+    mx.eval(x, w)
+    conv = mx.conv1d if spatial == 1 else mx.conv2d
+    y = conv(x, w, groups=groups) if not flip else mx.conv_general(x, w, groups=groups, flip=True)
+    old = mx.set_cache_limit(0)  # every temporary is a fresh allocation, as in a run
+    try:
+        mx.synchronize()
+        before = mx.get_active_memory()
+        mx.reset_peak_memory()
+        mx.eval(y)
+        mx.synchronize()
+        real = mx.get_peak_memory() - before - y.nbytes
+    finally:
+        mx.set_cache_limit(old)
+    args = [[1] * spatial, [0] * spatial, [0] * spatial, [1] * spatial, [1] * spatial, groups, flip]
+    mem = _one("Convolution", args, [row_major(x_shape), row_major(w_shape)], [tuple(y.shape)])
+    assert mem.scratch == real, f"model {mem.scratch} B, MLX {real} B"

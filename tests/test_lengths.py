@@ -47,6 +47,14 @@ def test_sample_lengths_are_distinct_and_not_one() -> None:
     assert L.sample_lengths(5) is None  # 5 // 3 = 1: size-1 axes behave differently in MLX
 
 
+def test_sample_lengths_step_past_special_windows() -> None:
+    # a ring of 32 slots: a 32-position window traces without one broadcast, so it is not sampled
+    assert L.sample_lengths(97, avoid=[32]) == (48, 31)
+    assert L.sample_lengths(64, avoid=[32, 31]) == (30, 21)
+    assert L.sample_lengths(64, avoid=[21]) == (32, 20)
+    assert L.sample_lengths(6, avoid=[3, 2]) is None
+
+
 # ------------------------------------------------------------------------------------ the fit
 
 

@@ -345,6 +345,7 @@ def trace_source(
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return traced, capacity, fits
+    special = sorted({r.slots for r in rings if isinstance(r, caches.Ring)})
     found_start = (
         [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))]
         if quant and not quant.start
@@ -352,8 +353,8 @@ def trace_source(
     )
     for name, found in (
         *found_start,
-        ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window)),
-        ("decode", _fit_decode(tracer, decode, window)),
+        ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window, special)),
+        ("decode", _fit_decode(tracer, decode, window, special)),
         *((tp.name, found) for tp, found in more),
     ):
         if isinstance(found, str):
@@ -363,10 +364,13 @@ def trace_source(
     return traced, capacity, fits
 
 
-def _fit_prefill(tracer: PhaseTracer, bound: TracedPhase, chunk: int, window: int):
+def _fit_prefill(
+    tracer: PhaseTracer, bound: TracedPhase, chunk: int, window: int, special: list[int]
+):
     """The prefill phase's fit over (tokens, window), or over the one that can vary; or why not.
-    Each extra trace is reduced to its numbers at once (``digest``), so one at a time is alive."""
-    ts, ws = sample_lengths(chunk), sample_lengths(window)
+    Each extra trace is reduced to its numbers at once (``digest``), so one at a time is alive.
+    ``special``: windows not to sample at (``sample_lengths``)."""
+    ts, ws = sample_lengths(chunk), sample_lengths(window, special)
     names = [n for n, s in ((TOKENS, ts), (WINDOW, ws)) if s]
     if not names:
         return "the bounds are too small to vary"
@@ -390,8 +394,8 @@ def _fit_prefill(tracer: PhaseTracer, bound: TracedPhase, chunk: int, window: in
         return str(err)
 
 
-def _fit_decode(tracer: PhaseTracer, bound: TracedPhase, window: int):
-    ws = sample_lengths(window)
+def _fit_decode(tracer: PhaseTracer, bound: TracedPhase, window: int, special: list[int]):
+    ws = sample_lengths(window, special)
     if not ws:
         return "the bounds are too small to vary"
     try:

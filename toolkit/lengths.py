@@ -74,10 +74,18 @@ def length_grid(bound: int, step: int) -> list[int]:
     return [*values, bound]
 
 
-def sample_lengths(bound: int) -> tuple[int, int] | None:
+def sample_lengths(bound: int, avoid: Sequence[int] = ()) -> tuple[int, int] | None:
     """Two smaller lengths to trace at, distinct from the bound and each other and >= 2 (size-1
-    axes are special in MLX); None when the bound is too small to vary."""
+    axes are special in MLX); None when the bound is too small to vary. ``avoid``: lengths at which
+    the traced graph is special (a window equal to a ring's slots makes a broadcast to the same
+    shape, which MLX leaves out), each sample moved down past them."""
     a, b = bound // 2, bound // 3
+    taken = {bound, *avoid}
+    while a in taken:
+        a -= 1
+    taken.add(a)
+    while b in taken:
+        b -= 1
     if b < 2 or len({bound, a, b}) < 3:
         return None
     return a, b

@@ -240,7 +240,13 @@ def op_memory(
             for lay, dt in zip(inputs[:2], input_dtypes[:2], strict=True)
             if not _matmul_friendly(lay)
         )
-        return OpMemory((Effect("alloc", None, row_major(shape)),), scratch, 2)
+        out = row_major(shape)
+        if primitive == "AddMM" and inputs[2].data_size != 1 and inputs[2].row:
+            # MLX fills the output with C by a vector copy first (copy_cpu), which gives it C's
+            # strides: a bias broadcast to [1, n] makes a [1, n] output of strides (0, 1), which a
+            # later matmul has to copy.
+            out = _like(inputs[2], shape)
+        return OpMemory((Effect("alloc", None, out),), scratch, 2)
     if primitive == "Send":
         # mlx.distributed's Send: the output shares the input's buffer; a non-row-contiguous input
         # is sent from a contiguous temporary (backend/cpu/distributed.cpp).
@@ -284,12 +290,14 @@ def op_memory(
 def conv_scratch(
     args: list, inputs: list[Layout], input_dtypes: list[str], out: tuple[int, ...], out_dtype: str
 ) -> int:
-    """Temporaries of MLX's CPU convolution (``explicit_gemm_conv_ND_cpu``, all in float32): the
-    zero-padded input, the unfolded input [N * prod(out spatial), prod(kernel) * C], a float32
-    row-contiguous copy of the weight when it is not one (and another when flipped), a float32
-    output when the output is not, and the 4-byte zero scalar. Counted for every convolution: the
-    slow path (dilation, groups) allocates less."""
-    strides, pad_lo, pad_hi, _kdil, _idil, _groups, flip = args
+    """Temporaries of MLX's CPU convolution (``explicit_gemm_conv_1D_cpu`` and
+    ``explicit_gemm_conv_ND_cpu`` in mlx/backend/cpu/conv.cpp, all in float32): the zero-padded
+    input, the unfolded input [N * prod(out spatial), prod(kernel) * C], a float32 row-contiguous
+    copy of the weight when it is not one -- and always, transposed, for a grouped 1-D convolution
+    (a Mamba conv1d) -- another copy when flipped, a float32 output when the output is not, and the
+    4-byte zero scalar. Counted for every convolution: the slow path (dilation, groups > 1 beyond
+    1-D) allocates less."""
+    strides, pad_lo, pad_hi, kdil, idil, groups, flip = args
     x, w = inputs[0], inputs[1]
     n, channels = x.shape[0], x.shape[-1]
     padded = (
@@ -300,7 +308,8 @@ def conv_scratch(
     unfolded = n * math.prod(out[1:-1]) * math.prod(w.shape[1:-1]) * channels
     weight = math.prod(w.shape)
     total = 4 + 4 * padded + 4 * unfolded
-    if input_dtypes[1] != "float32" or not w.row:
+    one_d_gemm = len(out) == 3 and list(kdil) == [1] and list(idil) == [1] and not flip
+    if (one_d_gemm and groups > 1) or input_dtypes[1] != "float32" or not w.row:
         total += 4 * weight
     if flip:
         total += 4 * weight
@@ -343,8 +352,10 @@ def _view(primitive: str, args: list, src: Layout, shape: tuple[int, ...]) -> Ef
     if primitive in ("Broadcast", "BroadcastAxes"):
         lead = len(shape) - len(src.shape)
         strides = [0] * lead
+        # MLX's broadcast gives every size-1 input axis stride 0, also one that stays size 1 (a
+        # trailing [K, 1] axis so broadcast is no longer BLAS-friendly: a matmul copies it).
         for i, n in enumerate(src.shape):
-            strides.append(0 if (n == 1 and shape[lead + i] != 1) else src.strides[i])
+            strides.append(0 if n == 1 else src.strides[i])
         if math.prod(shape) == math.prod(src.shape):
             lay = Layout(shape, tuple(strides), src.data_size, src.row, src.col, src.contiguous)
         else:

@@ -4,7 +4,13 @@
 
 1. greedy best-fit over several orders (``pack_greedy``); an arena equal to the live-bytes lower
    bound is optimal and ends it (the checked-in 7B plan's phases stop here);
-2. otherwise the problem is split into independent parts (no buffer crosses between them). Short
+2. otherwise the buffers are glued into blocks (``pack_coarsen``: chains across full boundaries,
+   stacks of equal lifetimes) and, when that glued anything, the smaller problem of the blocks is
+   packed first (greedy, then the search below, dives first) with up to ``_COARSE_SHARE`` of the
+   budget: a rectangle cut into tiles glues back into a few blocks. Its packing is one of the
+   buffers with the same arena; it proves nothing (the stacks are guesses), so the proven bound
+   comes from the search on the buffers themselves, which starts from the better packing;
+3. then the problem is split into independent parts (no buffer crosses between them). Short
    bottom-left dives (searches with little room to backtrack) first try to lower each part's top;
    then a search over capacities ``C`` runs, lowest first: every part above ``C`` is searched
    (``pack_search``) for a packing within ``C``. A part found to fit lowers the arena; a part
@@ -22,8 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dctms.toolkit.pack_coarsen import coarsen
 from dctms.toolkit.pack_greedy import best_fit, greedy_orders
-from dctms.toolkit.pack_problem import Problem, Sweep, granule, live_max, sweep
+from dctms.toolkit.pack_problem import Problem, Sweep, granule, live_max, make_problem, sweep
 from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE, Outcome, PartSearch
 from dctms.toolkit.pack_skyline import ORDERS, fill
 
@@ -38,6 +45,13 @@ _DIVE_NODES = 3
 # The skyline search's first work limit per buffer of the part (then doubled), and its share.
 _SKYLINE_FIRST_LIMIT = 20_000
 _SKYLINE_SHARE = 0.5
+# The glued problem's share of the budget, and the shares of its dives and its skyline search
+# (measured on 2,000 tiles: there the dives lower the arena, the probes at capacities do not).
+_COARSE_SHARE = 0.5
+_COARSE_DIVE_SHARE = 0.8
+_COARSE_SKYLINE_SHARE = 0.1
+# The glued problem is searched only when it has at most this share of the buffers' count.
+_WORTH_GLUING = 0.9
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,25 @@ def solve(p: Problem, seconds: float = 0.0) -> Packing:
     if p.n == 0:
         return Packing([], 0, 0, 0, 0)
     sw = sweep(p)
+    best_offsets, best_arena = _greedy(p, sw, lower)
+    greedy_arena = best_arena
+    budget = int(seconds * WORK_PER_SECOND)
+    if best_arena <= lower or budget <= 0:
+        return Packing(best_offsets.tolist(), best_arena, lower, lower, greedy_arena)
+    spent = 0
+    glued = _glued(p, sw, lower, int(budget * _COARSE_SHARE))
+    if glued is not None:
+        offsets, arena, spent = glued
+        if arena < best_arena:
+            best_offsets, best_arena = offsets, arena
+        if best_arena <= lower:
+            return Packing(best_offsets.tolist(), best_arena, lower, lower, greedy_arena, spent)
+    offsets, arena, bound, work = _search(p, sw, best_offsets, lower, budget - spent)
+    return Packing(offsets.tolist(), arena, lower, bound, greedy_arena, spent + work)
+
+
+def _greedy(p: Problem, sw: Sweep, lower: int) -> tuple[np.ndarray, int]:
+    """The best greedy order's offsets and arena."""
     best_offsets, best_arena = None, None
     for order in greedy_orders(p):
         offsets, arena = best_fit(p, sw, order)
@@ -79,17 +112,35 @@ def solve(p: Problem, seconds: float = 0.0) -> Packing:
             best_offsets, best_arena = offsets, arena
         if arena <= lower * (1 + GOOD_ENOUGH):
             break  # the other orders could gain at most GOOD_ENOUGH; the search may close it
-    greedy_arena = best_arena
-    budget = int(seconds * WORK_PER_SECOND)
-    if best_arena <= lower or budget <= 0:
-        return Packing(best_offsets.tolist(), best_arena, lower, lower, greedy_arena)
-    offsets, arena, bound, work = _search(p, sw, best_offsets, lower, budget)
-    return Packing(offsets.tolist(), arena, lower, bound, greedy_arena, work)
+    return best_offsets, best_arena
+
+
+def _glued(p: Problem, sw: Sweep, lower: int, budget: int) -> tuple[np.ndarray, int, int] | None:
+    """Offsets, arena and work of packing the blocks ``pack_coarsen`` glues the buffers into
+    (None when it glues nothing)."""
+    glued = coarsen(sw.sec_lo, sw.sec_hi, p.size, p.align, lower)
+    if glued.n > _WORTH_GLUING * int((p.size > 0).sum()):
+        return None  # about the same problem: the search on the buffers does the same work
+    q = make_problem(glued.lo, glued.hi, glued.size, glued.align)
+    q_sw = sweep(q)
+    offsets, arena = _greedy(q, q_sw, lower)
+    work = 0
+    if arena > lower:
+        shares = (_COARSE_DIVE_SHARE, _COARSE_SKYLINE_SHARE)
+        offsets, arena, _, work = _search(q, q_sw, offsets, lower, budget, shares)
+    return glued.expand(offsets), arena, work
 
 
 def _search(
-    p: Problem, sw: Sweep, offsets: np.ndarray, lower: int, budget: int
+    p: Problem,
+    sw: Sweep,
+    offsets: np.ndarray,
+    lower: int,
+    budget: int,
+    shares: tuple[float, float] = (0.25, _SKYLINE_SHARE),
 ) -> tuple[np.ndarray, int, int, int]:
+    """Offsets, arena, proven bound and work of the search from ``offsets`` (``shares``: the
+    budget's shares of the dives and of the skyline search; the capacity probes get the rest)."""
     offsets = offsets.copy()
     g = granule(p)
     parts = []
@@ -101,8 +152,8 @@ def _search(
     infeasible_at = [-1] * len(parts)  # the highest capacity proven too small, per part
     arena = max(tops, default=0)
     bound, probe_floor = lower, lower
-    spent = _dive(p, sw, parts, offsets, tops, g, lower, budget // 4)
-    used, infeasible = _skyline(p, sw, parts, offsets, tops, lower, int(budget * _SKYLINE_SHARE))
+    spent = _dive(p, sw, parts, offsets, tops, g, lower, int(budget * shares[0]))
+    used, infeasible = _skyline(p, sw, parts, offsets, tops, lower, int(budget * shares[1]))
     spent += used
     if infeasible:
         bound = probe_floor = _next_multiple(lower, g)

@@ -246,17 +246,22 @@ def parity_settings(plan) -> dict:
     import mlx.core as mx
 
     from dctms.benchmark.machine import READ_BYTES, REPEATS, measure_read_bandwidth
+    from dctms.figures.cache_layout import cache_layout
 
     bandwidth = measure_read_bandwidth()
     mx.clear_cache()
     env, b = plan.envelope, plan.bounds
+    layout = cache_layout(plan)
     decode = next(p for p in plan.phases if p.name == "decode")
     windows = [p[0] for p in decode.lengths.points] if decode.lengths else [b.kv_capacity]
     return {
         "read_bandwidth_bytes_per_s": bandwidth,
         "read_bandwidth_source": f"best of {REPEATS} mx.sum over {READ_BYTES // 2**20} MiB",
         "weights_bytes": env.weights,
-        "kv_bytes_per_position": env.kv // b.kv_capacity,
+        # Full-capacity layers grow with the positions attended; rings and recurrent state are
+        # read whole at every step (dctms.figures.cache_layout).
+        "kv_bytes_per_position": layout.bytes_per_position,
+        "kv_fixed_bytes": layout.fixed_bytes,
         "provable_bytes": env.provable,
         "decode_windows": sorted(windows),
     }
