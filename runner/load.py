@@ -115,9 +115,30 @@ def load_weights(model: ModelFolder, plan: Plan) -> dict[str, mx.array]:
         array = loaded.pop(w.name).astype(dtype_from_name(w.dtype))
         mx.eval(array)  # the stored copy is freed here: nothing else refers to it
         weights[w.name] = array
+    # The rest in one evaluation, in the order a decode step reads them (mx.load's dict order is
+    # a hash order): each is allocated and read in turn, so the weights lie in memory in the
+    # order the step streams them, as mlx-lm's (its parameter tree is in layer order).
+    for name in weight_use_order(plan, loaded):
+        weights[name] = loaded.pop(name)
     weights.update(loaded)
     mx.eval(list(weights.values()))
     return weights
+
+
+def weight_use_order(plan: Plan, names) -> list[str]:
+    """``names`` in the order of their first read by the decode phase's ops (then the rest)."""
+    wanted = set(names)
+    decode = next((p for p in plan.phases if p.name == "decode"), None)
+    order: dict[str, None] = {}
+    if decode is not None:
+        by_id = {b.id: b.name for b in decode.inputs if b.kind == "weight"}
+        for op in decode.ops:
+            for t in op.inputs:
+                name = by_id.get(t)
+                if name in wanted:
+                    order.setdefault(name, None)
+    order.update((n, None) for n in sorted(wanted - set(order)))
+    return list(order)
 
 
 def _rank_weights(model: ModelFolder, plan: Plan, loaded: dict[str, mx.array]) -> dict:

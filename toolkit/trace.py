@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from dctms.schema.errors import DctmsError
 from dctms.schema.values import args_to_plain, dtype_name
+from dctms.toolkit.last_row import last_layer_on_picked_row
 from dctms.toolkit.module_paths import trace_module_paths
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -421,8 +422,9 @@ def _last_real_logits(model: nn.Module, tokens: mx.array, caches: list, last_ind
 
     mlx-lm models compute hidden states in ``model.model`` and apply a position-wise head (tied
     embedding, lm_head, scaling, soft-capping) after it. Picking the row *before* the head, with a
-    DynamicSlice at the array index, saves a [chunk x vocab] projection per prefill chunk; models
-    without that structure get the full logits sliced instead.
+    DynamicSlice at the array index, saves a [chunk x vocab] projection per prefill chunk, and the
+    last layer's attention queries and feed-forward block get that row alone; models without that structure get the
+    full logits sliced instead.
     """
     inner = model.get("model") if isinstance(model, dict) else None
 
@@ -430,10 +432,17 @@ def _last_real_logits(model: nn.Module, tokens: mx.array, caches: list, last_ind
         b, _, d = h.shape
         return mx.slice(h, last_index.reshape(1), axes=(1,), slice_size=(b, 1, d))
 
+    def pick_along(x: mx.array, axis: int) -> mx.array:
+        size = list(x.shape)
+        size[axis] = 1
+        return mx.slice(x, last_index.reshape(1), axes=(axis,), slice_size=tuple(size))
+
     if isinstance(inner, nn.Module):
         model.model = _PickLast(inner, pick)  # a plain object: kept outside the parameter tree
         try:
-            return model(tokens, cache=caches)[:, -1, :]
+            # the last layer's queries and feed-forward on the picked row (``toolkit.last_row``)
+            with last_layer_on_picked_row(inner, pick_along):
+                return model(tokens, cache=caches)[:, -1, :]
         except _NoHiddenStates:
             pass
         finally:
