@@ -29,7 +29,9 @@ from itertools import combinations
 import numpy as np
 
 _MAX_ROUNDS = 64
-_MAX_GROUP = 12  # larger groups of equal time ranges are only stacked whole
+_MAX_GROUP = 12  # larger groups of equal time ranges are searched by a subset-sum table
+_MAX_DP_GROUP = 512
+_MAX_DP_TOTAL = 1 << 17  # totals (in units of the sizes' gcd) the table may span
 
 
 @dataclass(frozen=True)
@@ -177,9 +179,47 @@ def _subset(group: list[int], sizes: list[int], wanted: set[int]) -> tuple[int, 
     if sum(sizes) in wanted:
         return tuple(group)
     if len(group) > _MAX_GROUP:
-        return None
+        return _subset_dp(group, sizes, wanted)
     for r in range(len(group) - 1, 1, -1):
         for picks in combinations(range(len(group)), r):
             if sum(sizes[p] for p in picks) in wanted:
                 return tuple(group[p] for p in picks)
     return None
+
+
+def _subset_dp(group: list[int], sizes: list[int], wanted: set[int]) -> tuple[int, ...] | None:
+    """The sub-group (two or more) with the most members whose total is wanted, for groups too
+    large to enumerate: a subset-sum table over multiples of the sizes' gcd, most members per
+    total (ties: the earlier members), O(members x totals)."""
+    g = int(np.gcd.reduce(np.asarray(sizes, dtype=np.int64)))
+    cap = max(wanted) // g
+    if len(group) > _MAX_DP_GROUP or cap > _MAX_DP_TOTAL or cap <= 0:
+        return None
+    units = [s // g for s in sizes]
+    none = -1
+    count = np.full(cap + 1, none, dtype=np.int32)  # most members reaching each total
+    count[0] = 0
+    took = np.zeros((len(units), cap + 1), dtype=bool)  # member j raised that total's count
+    for j, u in enumerate(units):
+        if u > cap:
+            continue
+        cand = np.full(cap + 1, none, dtype=np.int32)
+        prev = count[: cap + 1 - u]
+        cand[u:] = np.where(prev >= 0, prev + 1, none)
+        better = cand > count
+        took[j] = better
+        count = np.where(better, cand, count)
+    targets = [w // g for w in sorted(wanted) if w % g == 0 and 0 < w // g <= cap]
+    targets = [t for t in targets if count[t] >= 2]
+    if not targets:
+        return None
+    t = max(targets, key=lambda t: (int(count[t]), -t))
+    picks = []
+    for j in range(len(units) - 1, -1, -1):  # walk back: the last member that raised t
+        if t > 0 and took[j, t]:
+            picks.append(j)
+            t -= units[j]
+    if t != 0:
+        return None
+    return tuple(group[p] for p in sorted(picks))
+
