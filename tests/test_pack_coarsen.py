@@ -71,6 +71,19 @@ def test_equal_lifetimes_stack_when_they_continue_a_block() -> None:
     assert c.rel[1] == 0 and c.rel[0] == 3
 
 
+def test_a_large_group_of_equal_lifetimes_stacks_the_subset_that_continues_a_block() -> None:
+    # Fourteen blocks [0,3) of 1..14 bytes (more than combinations are tried for) and Z [3,5) of
+    # 10 bytes: the sub-group with the most members totalling 10 is 1+2+3+4; W [1,5) keeps [0,3)
+    # from being filled by the group alone.
+    sizes = list(range(1, 15))
+    c = _coarsen([0] * 14 + [3, 1], [3] * 14 + [5, 5], sizes + [10, 1], capacity=106)
+    assert c.n == 13 and not c.exact
+    stacked = {int(c.block[i]) for i in range(4)}
+    assert len(stacked) == 1 and len({int(c.block[i]) for i in range(4, 16)}) == 12
+    assert c.size[stacked.pop()] == 10
+    assert c.rel[:4].tolist() == [9, 7, 4, 0]  # larger below
+
+
 def test_equal_lifetimes_do_not_stack_without_a_reason() -> None:
     # X, Y [0,3) and W [0,5): the pair's total 5 continues nothing and does not fill [0,3) alone.
     c = _coarsen([0, 0, 0, 3], [3, 3, 5, 5], [2, 3, 1, 4], capacity=6)
@@ -118,3 +131,12 @@ def test_glued_search_is_deterministic_and_valid() -> None:
     assert is_valid(p, np.asarray(first.offsets))
     assert first.arena < first.greedy_arena  # the glued problem's packing beats greedy here
     assert first.bound == first.lower_bound and first.proof is None
+
+
+def test_skyline_probes_fit_the_glued_blocks_where_the_branch_and_bound_does_not() -> None:
+    # Seed 14's blocks: the skyline search fits them within 1.01 x the optimum at once (the
+    # branch-and-bound probes alone ended at 1.0236 with 10 s).
+    p, _ = tiles(2000, seed=14)
+    r = solve(p, seconds=0.5)
+    assert is_valid(p, np.asarray(r.offsets))
+    assert r.arena <= 1.01 * (1 << 20) and r.proof is None

@@ -50,6 +50,8 @@ _SKYLINE_SHARE = 0.5
 # short probes lower the arena, the dives barely: 1.21 -> 1.09 x the optimum for half the budget).
 _COARSE_SHARE = 0.9
 _COARSE_DIVE_SHARE = 0.05
+# The glued problem's skyline probes' share of its budget (before the branch-and-bound probes).
+_COARSE_SKYLINE_SHARE = 0.2
 # The first work limit of the glued problem's capacity probes: its budget over this.
 _LADDER_STEPS = 64
 # A round of probes ends this close to the arena (a share of the gap to the bound): the last few
@@ -131,7 +133,11 @@ def _glued(p: Problem, sw: Sweep, lower: int, budget: int) -> tuple[np.ndarray, 
     offsets, arena = _greedy(q, q_sw, lower)
     work = 0
     if arena > lower:
-        offsets, arena, work = _ladder(q, q_sw, offsets, lower, budget)
+        sky = int(budget * _COARSE_SKYLINE_SHARE)
+        offsets, arena, work = _skyline_ladder(q, q_sw, offsets, lower, sky)
+    if arena > lower:
+        offsets, arena, used = _ladder(q, q_sw, offsets, lower, budget - work)
+        work += used
     return glued.expand(offsets), arena, work
 
 
@@ -178,6 +184,61 @@ def _ladder(
             capacity = _mid(low, arena, g)
         limit *= 2
     return offsets, arena, spent
+
+
+def _skyline_ladder(
+    p: Problem, sw: Sweep, offsets: np.ndarray, lower: int, budget: int
+) -> tuple[np.ndarray, int, int]:
+    """``_ladder``'s capacity probes made with the skyline search (``pack_skyline.fill``, both
+    orders) instead of the branch-and-bound: on glued problems it sometimes fits at once where the
+    other does not in seconds (2,000 tiles, seed 14: 1.01 x the optimum in 0.004 s)."""
+    offsets = offsets.copy()
+    g = granule(p)
+    parts, tops = _parts(p, sw, offsets)
+    arena = max(tops)
+    floor, spent = lower, 0
+    limit = max(budget // _LADDER_STEPS, 1)
+    while floor < arena and spent < budget and limit <= 2 * budget:
+        low, capacity = floor, floor
+        while (arena - low) * _LADDER_NEAR > arena - floor and spent < budget:
+            status, used = _skyline_probe(
+                p, sw, parts, offsets, tops, capacity, limit, budget - spent
+            )
+            spent += used
+            arena = max(tops)
+            if status == INFEASIBLE:
+                floor = max(floor, _next_multiple(capacity, g))
+            if status != FOUND:
+                low = _next_multiple(capacity, g)
+            capacity = _mid(low, arena, g)
+        limit *= 2
+    return offsets, arena, spent
+
+
+def _skyline_probe(p, sw, parts, offsets, tops, capacity: int, limit: int, budget: int):
+    """Fit every part above ``capacity`` into it with the skyline search; FOUND only if all fit."""
+    spent = 0
+    for i in sorted((i for i in range(len(parts)) if tops[i] > capacity), key=lambda i: -tops[i]):
+        members, first, last, _ = parts[i]
+        lo, hi = sw.sec_lo[members] - first, sw.sec_hi[members] - first
+        status = BUDGET
+        for order in ORDERS:
+            left = min(limit, budget - spent)
+            if left <= 0:
+                return BUDGET, spent
+            out = fill(
+                lo, hi, p.size[members], p.align[members], last - first, capacity, left, order
+            )
+            spent += out.work
+            status = out.status
+            if status == FOUND:
+                offsets[members] = out.offsets
+                tops[i] = int((out.offsets + p.size[members]).max())
+            if status in (FOUND, INFEASIBLE):
+                break
+        if status != FOUND:
+            return (INFEASIBLE if status == INFEASIBLE else BUDGET), spent
+    return FOUND, spent
 
 
 def _search(
