@@ -222,4 +222,3 @@ def _subset_dp(group: list[int], sizes: list[int], wanted: set[int]) -> tuple[in
     if t != 0:
         return None
     return tuple(group[p] for p in sorted(picks))
-
