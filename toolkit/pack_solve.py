@@ -52,6 +52,8 @@ _COARSE_SHARE = 0.9
 _COARSE_DIVE_SHARE = 0.05
 # The glued problem's skyline probes' share of its budget (before the branch-and-bound probes).
 _COARSE_SKYLINE_SHARE = 0.2
+# How many orientations of the glued problem share its budget (as is, mirrored in time).
+_GLUED_VARIANTS = 2
 # The first work limit of the glued problem's capacity probes: its budget over this.
 _LADDER_STEPS = 64
 # A round of probes ends this close to the arena (a share of the gap to the bound): the last few
@@ -128,7 +130,23 @@ def _glued(p: Problem, sw: Sweep, lower: int, budget: int) -> tuple[np.ndarray, 
     glued = coarsen(sw.sec_lo, sw.sec_hi, p.size, p.align, lower)
     if glued.n > _WORTH_GLUING * int((p.size > 0).sum()):
         return None  # about the same problem: the search on the buffers does the same work
-    q = make_problem(glued.lo, glued.hi, glued.size, glued.align)
+    best, best_arena, work = None, None, 0
+    # The blocks as they are, then mirrored in time (a packing of one is a packing of the other;
+    # the searches fill bottom-left, so they meet the blocks in another order): the better wins.
+    for k, (lo, hi) in enumerate(((glued.lo, glued.hi), (-glued.hi, -glued.lo))):
+        share = budget // _GLUED_VARIANTS if k < _GLUED_VARIANTS - 1 else budget - work
+        q = make_problem(lo, hi, glued.size, glued.align)
+        offsets, arena, used = _pack_blocks(q, lower, share)
+        work += used
+        if best_arena is None or arena < best_arena:
+            best, best_arena = offsets, arena
+        if best_arena <= lower or k + 1 >= _GLUED_VARIANTS:
+            break
+    return glued.expand(best), best_arena, work
+
+
+def _pack_blocks(q: Problem, lower: int, budget: int) -> tuple[np.ndarray, int, int]:
+    """Greedy, skyline probes, then branch-and-bound probes on the glued problem ``q``."""
     q_sw = sweep(q)
     offsets, arena = _greedy(q, q_sw, lower)
     work = 0
@@ -138,7 +156,7 @@ def _glued(p: Problem, sw: Sweep, lower: int, budget: int) -> tuple[np.ndarray, 
     if arena > lower:
         offsets, arena, used = _ladder(q, q_sw, offsets, lower, budget - work)
         work += used
-    return glued.expand(offsets), arena, work
+    return offsets, arena, work
 
 
 def _parts(p: Problem, sw: Sweep, offsets: np.ndarray) -> tuple[list, list[int]]:
