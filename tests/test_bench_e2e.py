@@ -108,8 +108,29 @@ def test_bench_end_to_end(bench_model, tmp_path: Path, capsys):
     )
     assert "![latency and RSS](bench.png)" in md
     assert "two copies of the weights" in md
+    assert summary["settings"]["process"].endswith("loaded runner first")  # the default order
     # a CPU plan counts no allocator slack: the settings say the runner's cache is off, as it is
     assert "MLX buffer cache off" in summary["settings"]["runner"]
+
+
+@pytest.mark.slow
+def test_bench_can_load_the_baseline_first(bench_model, tmp_path: Path, capsys):
+    folder, plan = bench_model
+    out = tmp_path / "out"
+    rc = main(
+        ["bench", str(plan), "--model", str(folder), "--reps", "1", "--max-tokens", "2"]
+        + ["--out", str(out), "--resamples", "100", "--no-plot", "-q"]
+        + ["--load-order", "baseline-first"]
+    )
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["process"].endswith("loaded baseline first")
+    assert all(g["identical"] for g in summary["greedy_agreement"].values())
+    # the runner measures its own memory: the baseline loaded before it is not counted
+    assert all(row["within_envelope"] for row in summary["parity"])
+    with pytest.raises(SystemExit) as refused:  # argparse's one-line usage error
+        main(["bench", str(plan), "--model", str(folder), "--load-order", "never"])
+    assert refused.value.code == 2
 
 
 def test_interrupt_without_tokenizer_exits_130_with_partial_result(

@@ -12,6 +12,10 @@ DEFAULT_OUT = "bench-out"
 EXIT_INTERRUPTED = 130
 
 
+# Which copy of the weights is allocated first (the other comes second).
+LOAD_ORDERS = ("runner-first", "baseline-first")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bench",
@@ -65,6 +69,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="speculative plan (compile --draft): compare the runner, the speculative runner and "
         "mlx-lm's speculative_generate_step with the plan's K (OUT/speculative.md)",
+    )
+    p.add_argument(
+        "--load-order",
+        choices=LOAD_ORDERS,
+        default=LOAD_ORDERS[0],
+        help="which system's weights are loaded first (default runner-first); on this machine the "
+        "second-loaded copy decodes several %% faster, so compare both orders (README, Parity)",
     )
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument(
@@ -158,15 +169,20 @@ def run(args: argparse.Namespace) -> int:
     say("measuring this machine's read bandwidth (for the roofline fraction) ...")
     parity = parity_settings(plan)
     defaults = MlxLimits.capture()  # before the Session sets the plan's limits
-    say(f"loading the runner (plan {args.plan}, weights {model.path}) ...")
     from dctms.runner.session import Session
 
+    baseline = None
+    if args.load_order == "baseline-first":
+        say("loading the baseline (mlx_lm.utils.load_model) ...")
+        baseline = Baseline(model.path, defaults)
+    say(f"loading the runner (plan {args.plan}, weights {model.path}) ...")
     session = Session(plan, model)
     say("recording the runner's graphs for every length point the prompts use ...")
     recorded = session.prerecord(requests)
     runner = Runner(session, requests)
-    say("loading the baseline (mlx_lm.utils.load_model) ...")
-    baseline = Baseline(model.path, defaults)
+    if baseline is None:
+        say("loading the baseline (mlx_lm.utils.load_model) ...")
+        baseline = Baseline(model.path, defaults)
 
     settings = Settings(reps=args.reps, max_tokens=max_tokens, warmup=args.warmup, stop=stop)
     described = describe_settings(args, plan, model, prompts_path, tokenization, stop, max_tokens)
@@ -327,7 +343,8 @@ def describe_settings(
         f"M_max {env.provable:,} B less the largest single-op allocation, plus what the baseline "
         f"holds; {cache})",
         "process": "one process: the baseline model and the runner's weights are both loaded "
-        "(two copies of the weights) for every call of either system",
+        "(two copies of the weights) for every call of either system; loaded "
+        + ("baseline first" if args.load_order == "baseline-first" else "runner first"),
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, "
         f"{psutil.virtual_memory().total / 2**30:.1f} GiB RAM, MLX device {mx.default_device()}",
         "blas": f"{loaded_blas().describe()}, shared by both systems (one process); "
