@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dctms.benchmark import stats
@@ -46,6 +46,7 @@ def execute(
     progress: ProgressBar | None = None,
     measure: Measure | None = None,
     figures: bool = True,
+    before_rep: Callable[[int], bool] | None = None,
 ) -> tuple[Outcome, dict, str]:
     """Run the protocol into ``out_dir`` and write ``summary.md``/``summary.json`` and the figures
     for whatever completed. Returns the outcome, the summary and the figures note ("" if written).
@@ -61,7 +62,13 @@ def execute(
     }
     calls_file = CallsFile(out_dir / CALLS_NAME, header)
     outcome = run_protocol(
-        systems, prompts, settings, calls_file, progress, measure or systems_mod.measure_call
+        systems,
+        prompts,
+        settings,
+        calls_file,
+        progress,
+        measure or systems_mod.measure_call,
+        before_rep,
     )
     summary = summarise(calls_file.header, outcome.calls, resamples=resamples, seed=seed)
     names: list[str] = []

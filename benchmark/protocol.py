@@ -86,24 +86,35 @@ def run_protocol(
     calls_file: CallsFile,
     progress: ProgressBar | None = None,
     measure: Measure = measure_call,
+    before_rep: Callable[[int], bool] | None = None,
 ) -> Outcome:
     """Run warm-up and the interleaved calls; ``calls.json`` is current after every call.
 
+    ``before_rep(rep)`` runs before each later repetition (``benchmark.loading``: the systems
+    re-loaded in the other order, in place in ``systems``); when it returns True the warm-up
+    calls are made again before that repetition's first call.
     Returns on completion or on KeyboardInterrupt (``interrupted``), never raising it."""
     order = schedule(len(prompts), settings.reps, len(systems))
     bar = progress or ProgressBar(len(order), enabled=False)
     t_start = time.perf_counter()
     interrupted = False
     calls_file.write("running")
-    try:
+
+    def warm_up(rep: int, at: int) -> None:
         for w in range(settings.warmup):
             for system in systems:
                 p = prompts[0]
-                bar.update(0, f"warm-up {w + 1}/{settings.warmup} {p.prompt.id} {system.name}")
+                bar.update(at, f"warm-up {w + 1}/{settings.warmup} {p.prompt.id} {system.name}")
                 call = _call(measure, system, p, settings, t_start)
-                calls_file.add({"warmup": w, **call}, warmup=True)
+                calls_file.add({"warmup": w, "before_rep": rep, **call}, warmup=True)
                 calls_file.write("running")
+
+    try:
+        warm_up(0, 0)
         for i, (rep, pi, si) in enumerate(order):
+            if before_rep is not None and rep > 0 and pi == 0 and si == 0 and before_rep(rep):
+                bar.update(i, f"re-loading both systems for rep {rep + 1}")
+                warm_up(rep, i)
             system, p = systems[si], prompts[pi]
             bar.update(i, f"rep {rep + 1}/{settings.reps} {p.prompt.id} {system.name}")
             call = _call(measure, system, p, settings, t_start)

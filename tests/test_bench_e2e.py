@@ -108,7 +108,8 @@ def test_bench_end_to_end(bench_model, tmp_path: Path, capsys):
     )
     assert "![latency and RSS](bench.png)" in md
     assert "two copies of the weights" in md
-    assert summary["settings"]["process"].endswith("loaded runner first")  # the default order
+    # the default order: balanced over the repetitions
+    assert "loaded runner first for odd repetitions" in summary["settings"]["process"]
     # a CPU plan counts no allocator slack: the settings say the runner's cache is off, as it is
     assert "MLX buffer cache off" in summary["settings"]["runner"]
 
@@ -131,6 +132,29 @@ def test_bench_can_load_the_baseline_first(bench_model, tmp_path: Path, capsys):
     with pytest.raises(SystemExit) as refused:  # argparse's one-line usage error
         main(["bench", str(plan), "--model", str(folder), "--load-order", "never"])
     assert refused.value.code == 2
+
+
+@pytest.mark.slow
+def test_bench_reloads_in_the_other_order_between_repetitions(bench_model, tmp_path: Path, capsys):
+    """The default ``alternate``: real systems re-loaded before repetition 2 (baseline first),
+    warmed up again; both repetitions agree and every runner call stays within the envelope,
+    the re-loaded copies counted (no leftover of the first pair)."""
+    folder, plan = bench_model
+    out = tmp_path / "out"
+    rc = main(
+        ["bench", str(plan), "--model", str(folder), "--reps", "2", "--max-tokens", "3"]
+        + ["--out", str(out), "--resamples", "100", "--no-plot", "-q"]
+    )
+    assert rc == 0, capsys.readouterr().err
+    calls = json.loads((out / "calls.json").read_text())
+    assert [w["before_rep"] for w in calls["warmup"]] == [0, 0, 1, 1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(g["identical"] for g in summary["greedy_agreement"].values())
+    assert all(row["within_envelope"] for row in summary["parity"])
+    held = {
+        c["rep"]: c["mlx_active_before_bytes"] for c in calls["calls"] if c["system"] == "runner"
+    }
+    assert held[1] <= held[0] * 1.01  # the first pair's weights were freed before the second load
 
 
 def test_interrupt_without_tokenizer_exits_130_with_partial_result(

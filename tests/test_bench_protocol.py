@@ -230,3 +230,50 @@ def test_bad_prompt_files(tmp_path: Path, content: str, message: str):
         load_prompts(path)
     with pytest.raises(DctmsError, match="not found"):
         load_prompts(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    ("order", "firsts"),
+    [
+        ("alternate", ["runner", "baseline", "runner"]),
+        ("runner-first", ["runner"]),
+        ("baseline-first", ["baseline"]),
+    ],
+)
+def test_load_order_is_balanced_over_the_repetitions(tmp_path: Path, order, firsts):
+    """``alternate``: both systems re-loaded between repetitions, the other one first each time,
+    then warmed up again; every call of a repetition runs on that repetition's copies."""
+    from dctms.benchmark.loading import Loaded
+
+    made: list[str] = []
+
+    def maker(name: str, kind: str):
+        def make():
+            made.append(kind)
+            return FakeSystem(name)
+
+        return make
+
+    loaded = Loaded(maker(BASELINE, "baseline"), maker(RUNNER, "runner"), order)
+    loaded.before_rep(0)
+    first_pair = list(loaded.systems)
+    outcome, _, _ = execute(
+        loaded.systems,
+        _prompts(2),
+        Settings(reps=3, max_tokens=2, warmup=1),
+        tmp_path,
+        {},
+        resamples=100,
+        figures=False,
+        before_rep=loaded.before_rep,
+    )
+    assert made[::2] == firsts and len(made) == 2 * len(firsts) == 2 * loaded.loads
+    assert [s.name for s in loaded.systems] == [BASELINE, RUNNER]  # the protocol's order stays
+    assert len(outcome.calls) == 12
+    assert [w["before_rep"] for w in outcome.warmup] == [
+        r for r in (0, 1, 2)[: len(firsts)] for _ in (0, 1)
+    ]
+    if order == "alternate":
+        # the last repetition's calls ran on systems made after the first repetition's
+        assert all(s not in first_pair for s in loaded.systems)
+        assert first_pair[0].prepared == 1 + 2  # its warm-up and rep 1's two prompts only

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from dctms.benchmark.loading import ALTERNATE, LOAD_ORDERS, Loaded
+
 DEFAULT_REPS = 5
 DEFAULT_MAX_TOKENS = 32
 DEFAULT_OUT = "bench-out"
@@ -13,7 +15,6 @@ EXIT_INTERRUPTED = 130
 
 
 # Which copy of the weights is allocated first (the other comes second).
-LOAD_ORDERS = ("runner-first", "baseline-first")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,9 +74,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--load-order",
         choices=LOAD_ORDERS,
-        default=LOAD_ORDERS[0],
-        help="which system's weights are loaded first (default runner-first); on this machine the "
-        "second-loaded copy decodes several %% faster, so compare both orders (README, Parity)",
+        default=ALTERNATE,
+        help="which system's weights are loaded first: alternate (default; runner first on odd "
+        "repetitions, baseline first on even ones, re-loaded between them), runner-first or "
+        "baseline-first; on this machine the second-loaded copy decodes several %% faster",
     )
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument(
@@ -171,31 +173,36 @@ def run(args: argparse.Namespace) -> int:
     defaults = MlxLimits.capture()  # before the Session sets the plan's limits
     from dctms.runner.session import Session
 
-    baseline = None
-    if args.load_order == "baseline-first":
+    recorded = []
+
+    def make_baseline() -> Baseline:
         say("loading the baseline (mlx_lm.utils.load_model) ...")
-        baseline = Baseline(model.path, defaults)
-    say(f"loading the runner (plan {args.plan}, weights {model.path}) ...")
-    session = Session(plan, model)
-    say("recording the runner's graphs for every length point the prompts use ...")
-    recorded = session.prerecord(requests)
-    runner = Runner(session, requests)
-    if baseline is None:
-        say("loading the baseline (mlx_lm.utils.load_model) ...")
-        baseline = Baseline(model.path, defaults)
+        return Baseline(model.path, defaults)
+
+    def make_runner() -> Runner:
+        say(f"loading the runner (plan {args.plan}, weights {model.path}) ...")
+        session = Session(plan, model)
+        say("recording the runner's graphs for every length point the prompts use ...")
+        recorded.append(session.prerecord(requests))
+        return Runner(session, requests)
+
+    loaded = Loaded(make_baseline, make_runner, args.load_order)
+    loaded.before_rep(0)
 
     settings = Settings(reps=args.reps, max_tokens=max_tokens, warmup=args.warmup, stop=stop)
     described = describe_settings(args, plan, model, prompts_path, tokenization, stop, max_tokens)
     described["parity"] = parity
+    described["process"] += "; " + loaded.describe()
     described["runner_setup"] = (
-        f"the graphs of the {recorded.points} length points these calls use recorded before "
-        f"the first call in {recorded.seconds:.2f} s (set-up, in no call's latency)"
+        f"the graphs of the {recorded[0].points} length points these calls use recorded before "
+        f"the first call in {recorded[0].seconds:.2f} s (set-up, in no call's latency"
+        + (", again at each re-load)" if args.load_order == ALTERNATE else ")")
     )
     out_dir = Path(args.out)
     total = len(schedule(len(ids), args.reps))
     bar = ProgressBar(total, enabled=not args.quiet)
     outcome, summary, note = execute(
-        [baseline, runner],
+        loaded.systems,
         ids,
         settings,
         out_dir,
@@ -204,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=bar,
         figures=not args.no_plot,
+        before_rep=loaded.before_rep,
     )
     if note and not args.no_plot:
         print(f"dctms bench: {note}", file=sys.stderr)
@@ -343,8 +351,7 @@ def describe_settings(
         f"M_max {env.provable:,} B less the largest single-op allocation, plus what the baseline "
         f"holds; {cache})",
         "process": "one process: the baseline model and the runner's weights are both loaded "
-        "(two copies of the weights) for every call of either system; loaded "
-        + ("baseline first" if args.load_order == "baseline-first" else "runner first"),
+        "(two copies of the weights) for every call of either system",
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, "
         f"{psutil.virtual_memory().total / 2**30:.1f} GiB RAM, MLX device {mx.default_device()}",
         "blas": f"{loaded_blas().describe()}, shared by both systems (one process); "
