@@ -269,7 +269,7 @@ def parity_settings(plan) -> dict:
     bytes a decode token reads, the provable envelope and the runner's decode windows."""
     import mlx.core as mx
 
-    from dctms.benchmark.machine import READ_BYTES, REPEATS, measure_read_bandwidth
+    from dctms.benchmark.machine import READ_BYTES, READ_METHOD, REPEATS, measure_read_bandwidth
     from dctms.figures.cache_layout import cache_layout
 
     bandwidth = measure_read_bandwidth()
@@ -280,7 +280,8 @@ def parity_settings(plan) -> dict:
     windows = [p[0] for p in decode.lengths.points] if decode.lengths else [b.kv_capacity]
     return {
         "read_bandwidth_bytes_per_s": bandwidth,
-        "read_bandwidth_source": f"best of {REPEATS} mx.sum over {READ_BYTES // 2**20} MiB",
+        "read_bandwidth_source": f"best of {REPEATS} of {READ_METHOD} over "
+        f"{READ_BYTES // 2**20} MiB",
         "weights_bytes": env.weights,
         # Full-capacity layers grow with the positions attended; rings and recurrent state are
         # read whole at every step (dctms.figures.cache_layout).
