@@ -150,15 +150,15 @@ class Worker:
             try:
                 if stopping or job.cancelled.is_set():
                     raise Cancelled("withdrawn before it ran")
-                gen = self._run(job)
+                done = (self._run(job), None)
             except BaseException as err:
-                job.on_done(None, err)
-            else:
-                job.on_done(gen, None)
-            finally:
-                with self._lock:
-                    self._current = None
-                    self.served += 1
+                done = (None, err)
+            # Not running any more before the client hears it is done: a status read right
+            # after the response must not still count this request as running.
+            with self._lock:
+                self._current = None
+                self.served += 1
+            job.on_done(*done)
         self._drain()
 
     def _load(self) -> None:
