@@ -184,15 +184,24 @@ def _ladder(
     parts, tops = _parts(p, sw, offsets)
     infeasible_at = [-1] * len(parts)
     spent = _dive(p, sw, parts, offsets, tops, g, lower, int(budget * _COARSE_DIVE_SHARE))
+
+    def probe(capacity: int, limit: int, left: int) -> tuple[str, int]:
+        return _probe(p, sw, parts, offsets, tops, infeasible_at, capacity, min(limit, left))
+
+    spent = _climb(probe, tops, lower, g, budget, spent)
+    return offsets, max(tops), spent
+
+
+def _climb(probe, tops: list[int], floor: int, g: int, budget: int, spent: int) -> int:
+    """The ladders' capacity search: probes from ``floor`` (capacities below it are proven too
+    small) halving the gap to the arena (``max(tops)``, which a found probe lowers), each within
+    a work limit that doubles per round; returns the work spent in all."""
     arena = max(tops)
-    floor = lower  # capacities below it are proven too small for these blocks
     limit = max(budget // _LADDER_STEPS, 1)
     while floor < arena and spent < budget and limit <= 2 * budget:
         low, capacity = floor, floor
         while (arena - low) * _LADDER_NEAR > arena - floor and spent < budget:
-            status, used = _probe(
-                p, sw, parts, offsets, tops, infeasible_at, capacity, min(limit, budget - spent)
-            )
+            status, used = probe(capacity, limit, budget - spent)
             spent += used
             arena = max(tops)
             if status == INFEASIBLE:
@@ -201,7 +210,7 @@ def _ladder(
                 low = _next_multiple(capacity, g)
             capacity = _mid(low, arena, g)
         limit *= 2
-    return offsets, arena, spent
+    return spent
 
 
 def _skyline_ladder(
@@ -213,24 +222,12 @@ def _skyline_ladder(
     offsets = offsets.copy()
     g = granule(p)
     parts, tops = _parts(p, sw, offsets)
-    arena = max(tops)
-    floor, spent = lower, 0
-    limit = max(budget // _LADDER_STEPS, 1)
-    while floor < arena and spent < budget and limit <= 2 * budget:
-        low, capacity = floor, floor
-        while (arena - low) * _LADDER_NEAR > arena - floor and spent < budget:
-            status, used = _skyline_probe(
-                p, sw, parts, offsets, tops, capacity, limit, budget - spent
-            )
-            spent += used
-            arena = max(tops)
-            if status == INFEASIBLE:
-                floor = max(floor, _next_multiple(capacity, g))
-            if status != FOUND:
-                low = _next_multiple(capacity, g)
-            capacity = _mid(low, arena, g)
-        limit *= 2
-    return offsets, arena, spent
+
+    def probe(capacity: int, limit: int, left: int) -> tuple[str, int]:
+        return _skyline_probe(p, sw, parts, offsets, tops, capacity, limit, left)
+
+    spent = _climb(probe, tops, lower, g, budget, 0)
+    return offsets, max(tops), spent
 
 
 def _skyline_probe(p, sw, parts, offsets, tops, capacity: int, limit: int, budget: int):
