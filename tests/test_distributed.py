@@ -386,7 +386,9 @@ def test_a_rank_whose_weights_differ_refuses_and_the_other_stops(model3, tmp_pat
     )
     assert out.returncode == 2, out.stderr
     assert f"rank 1 refused: {bad}: weight {name} is float32[120, 64]" in out.stderr
-    assert "rank 0: stopping before allocating: rank(s) [1] refused" in out.stderr
+    # rank 0 stops after the exchange of checks, before allocating; it says so itself unless
+    # mlx.launch ends it first (once rank 1 has exited), so the wrapper's line is what is sure
+    assert "; the other ranks stopped before allocating" in out.stderr
     assert out.stdout == ""
 
 
