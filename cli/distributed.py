@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dctms.cli.progress import progress_printer
 from dctms.schema.errors import DctmsError
 from dctms.schema.ranks import PLAN_NAME
 
@@ -59,12 +60,7 @@ def compile_ranks_command(args: argparse.Namespace) -> int:
     if not args.output or args.output == "-":
         raise DctmsError("--ranks writes one plan per rank: give -o FOLDER")
     folder = check_output_folder(args.output, label=f"-o {args.output}")
-    start = time.perf_counter()
-    show = not args.quiet and (args.progress or sys.stderr.isatty())
-
-    def progress(msg: str) -> None:
-        if show:
-            print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
+    progress = progress_printer(args)
 
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     source = open_model(args.model)

@@ -86,24 +86,29 @@ def _last_float_start(b) -> int:
     return (t - 1) // b.prefill_chunk * b.prefill_chunk if t > 0 else 0
 
 
+def op_allocations(phase) -> list[int]:
+    """What each op of ``phase`` allocates: its outputs that are not views or state, plus its
+    scratch."""
+    made = [0] * len(phase.ops)
+    producer = {t: k for k, op in enumerate(phase.ops) for t in op.outputs}
+    for t in phase.tensors:
+        if t.view_of is not None or t.kind == "state":
+            continue
+        if isinstance(t, Scratch):
+            k = t.op if 0 <= t.op < len(phase.ops) else None
+        else:
+            k = producer.get(t.id)
+        if k is not None:
+            made[k] += t.bytes
+    return made
+
+
 def throttle_limit(plan: Plan) -> int:
     """The MLX memory limit a run needs: the provable envelope minus the largest allocation one op
     makes (its arena outputs plus scratch), so that an op started just under the limit still ends
     within the envelope."""
-    largest = 0
-    for phase in [*plan.phases, *(plan.draft.phases if plan.draft else ())]:
-        made = [0] * len(phase.ops)
-        producer = {t: k for k, op in enumerate(phase.ops) for t in op.outputs}
-        for t in phase.tensors:
-            if t.view_of is not None or t.kind == "state":
-                continue
-            if isinstance(t, Scratch):
-                k = t.op if 0 <= t.op < len(phase.ops) else None
-            else:
-                k = producer.get(t.id)
-            if k is not None:
-                made[k] += t.bytes
-        largest = max(largest, max(made, default=0))
+    phases = [*plan.phases, *(plan.draft.phases if plan.draft else ())]
+    largest = max((max(op_allocations(p), default=0) for p in phases), default=0)
     return plan.envelope.provable - largest
 
 

@@ -254,6 +254,14 @@ def _dctms(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+def _compile_two_ranks(model: Path, mode: str, plans: Path) -> subprocess.CompletedProcess:
+    """``dctms compile MODEL -N N -M M --ranks 2 --parallel MODE -o PLANS``."""
+    return _dctms(
+        "compile", str(model), "-N", str(N), "-M", str(M), "-q",
+        "--ranks", "2", "--parallel", mode, "-o", str(plans),
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def single_ids(model3, tmp_path_factory) -> list[int]:
     folder = tmp_path_factory.mktemp("single")
@@ -274,21 +282,7 @@ def test_two_ranks_give_the_single_process_ids_within_their_envelopes(
     mode, model3, single_ids, tmp_path
 ) -> None:
     plans = tmp_path / "plans"
-    out = _dctms(
-        "compile",
-        str(model3),
-        "-N",
-        str(N),
-        "-M",
-        str(M),
-        "-q",
-        "--ranks",
-        "2",
-        "--parallel",
-        mode,
-        "-o",
-        str(plans),
-    )
+    out = _compile_two_ranks(model3, mode, plans)
     assert out.returncode == 0, out.stderr
     report = tmp_path / "report.json"
     out = _dctms(
@@ -353,24 +347,7 @@ def test_a_rank_whose_weights_differ_refuses_and_the_other_stops(model3, tmp_pat
     weights[name] = weights[name][:-8]
     mx.save_safetensors(str(bad / "model.safetensors"), weights, metadata={"format": "mlx"})
     plans = tmp_path / "plans"
-    assert (
-        _dctms(
-            "compile",
-            str(model3),
-            "-N",
-            str(N),
-            "-M",
-            str(M),
-            "-q",
-            "--ranks",
-            "2",
-            "--parallel",
-            "pipeline",
-            "-o",
-            str(plans),
-        ).returncode
-        == 0
-    )
+    assert _compile_two_ranks(model3, "pipeline", plans).returncode == 0
     out = _dctms(
         "run",
         str(plans),

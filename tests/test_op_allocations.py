@@ -1,7 +1,7 @@
 """Every op of a plan allocates, in MLX, at most what the plan says it does.
 
 The runner's memory limit is the envelope less the largest single op's allocation (its outputs and
-scratch, ``runner.session.throttle_limit``): an op that allocates more than the plan's memory model
+scratch, ``runner.session.op_allocations``, whose largest ``throttle_limit`` takes): an op that allocates more than the plan's memory model
 counts lets a run end above M_max whenever MLX's host starts it just under the limit. Here each
 op of each phase runs alone (its inputs evaluated first, MLX's buffer cache off), and MLX's peak
 above what was held before, is compared with the plan's bytes for that op. Two such misses were
@@ -58,22 +58,9 @@ CASES = {
 }
 
 
-def per_op_plan_bytes(phase) -> list[int]:
-    """The plan's allocation for each op: its non-view outputs plus its scratch."""
-    producer = {t: k for k, op in enumerate(phase.ops) for t in op.outputs}
-    made = [0] * len(phase.ops)
-    for t in phase.tensors:
-        if t.view_of is not None or t.kind == "state":
-            continue
-        k = t.op if isinstance(t, Scratch) else producer.get(t.id)
-        if k is not None and 0 <= k < len(phase.ops):
-            made[k] += t.bytes
-    return made
-
-
 def under_counted_ops(plan: Plan, folder: Path) -> list[str]:
     """Each op whose MLX allocation, run alone at the phase's bound, exceeds the plan's."""
-    from dctms.runner.session import Session
+    from dctms.runner.session import Session, op_allocations
     from dctms.runner.vision_session import VisionSession
 
     session = (Session if plan.vision is None else VisionSession)(plan, open_model(folder))
@@ -84,7 +71,7 @@ def under_counted_ops(plan: Plan, folder: Path) -> list[str]:
     old = mx.set_cache_limit(0)
     try:
         for phase in plan.phases:
-            program, made = by_name[phase.name], per_op_plan_bytes(phase)
+            program, made = by_name[phase.name], op_allocations(phase)
             env = dict(program._static_env(session.weights))
             state = {tid for tid, _ in program._state_inputs}
             env.update((tid, session.state[name]) for tid, name in program._state_inputs)

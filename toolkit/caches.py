@@ -346,11 +346,13 @@ class StateLayout:
                 else:
                     out.append(RingKVCache(k, v, position, ring))
             return out
+        def packed(i: int) -> tuple[list, list]:  # a layer's keys and values with their parts
+            return tuple([kw[f"kv.{i}.{kv}{p}"] for p in QUANT_PARTS] for kv in ("keys", "values"))
+
         if phase in FLOAT_PHASES and self.quant.start:
             return [
                 FloatThenQuantizedCache(
-                    [kw[f"kv.{i}.keys{p}"] for p in QUANT_PARTS],
-                    [kw[f"kv.{i}.values{p}"] for p in QUANT_PARTS],
+                    *packed(i),
                     position,
                     window,
                     self.quant,
@@ -360,14 +362,7 @@ class StateLayout:
             ]
         kind = FirstChunkQuantizedCache if phase == PREFILL_START else StaticQuantizedKVCache
         return [
-            kind(
-                [kw[f"kv.{i}.keys{p}"] for p in QUANT_PARTS],
-                [kw[f"kv.{i}.values{p}"] for p in QUANT_PARTS],
-                position,
-                window,
-                self.quant,
-            )
-            for i in range(self.num_layers)
+            kind(*packed(i), position, window, self.quant) for i in range(self.num_layers)
         ]
 
     def outputs(self, caches: list) -> list[mx.array]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from dctms.cli.compile_options import add_compile_options, add_plan_kind_options, compile_options
+from dctms.cli.progress import progress_printer
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
 
@@ -66,13 +66,8 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.plan_kinds import compile_kind
 
-    start = time.perf_counter()
 
-    show = not args.quiet and (args.progress or sys.stderr.isatty())
-
-    def progress(msg: str) -> None:
-        if show:
-            print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
+    progress = progress_printer(args)
 
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_kind(open_model(args.model), opts, plan_kind(args), progress)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import time
+
+from dctms.cli.progress import progress_printer
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,12 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dctms.toolkit.gguf import convert_gguf
 
-    start = time.perf_counter()
-    show = not args.quiet and (args.progress or sys.stderr.isatty())
-
-    def progress(msg: str) -> None:
-        if show:
-            print(f"[{time.perf_counter() - start:6.2f}s] {msg}", file=sys.stderr)
+    progress = progress_printer(args)
 
     out = convert_gguf(args.gguf, args.out, args.dtype, progress)
     progress(f"wrote {out}")
