@@ -262,8 +262,13 @@ def render_markdown(summary: dict, figures: Sequence[str] = (), figure_note: str
         "- The all-prompts rows pool prompts of very different lengths, so their σ_L and CV_L "
         "mostly measure the prompt mix (the same for both systems); the per-prompt CV_L is the "
         "call-to-call stability of one workload.",
-        "- tok/s: generated tokens ÷ summed wall latency (prefill included); decode tok/s: tokens "
-        "after the first ÷ (latency − TTFT), summed.",
+        "- tok/s: generated tokens ÷ summed wall latency (prefill included); decode tok/s: 1 ÷ the "
+        "median interval between consecutive tokens after the first (the calls pooled), one decode "
+        "step in the steady state; tok/s after TTFT: tokens after the first ÷ (latency − TTFT), "
+        "summed. They differ by where a pipeline puts its first decode step: mlx-lm's "
+        "`generate_step` launches it before it yields the first token (its TTFT holds it), the "
+        "runner after (its time after TTFT holds it), and at a stop token both wait for one more "
+        "step already in flight.",
         "- peak RSS: largest resident-set sample of the whole process (psutil, every 10 ms, plus one "
         "at the start and end of the call). MLX peak: `mx.get_peak_memory()` after "
         "`mx.reset_peak_memory()` before the call. Both systems' weights are loaded in this one "

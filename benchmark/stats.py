@@ -7,7 +7,12 @@ Definitions (stated in every summary):
   ``method="linear"``): position h = (n - 1) q / 100, value x[floor h] + (h - floor h)(x[floor h + 1]
   - x[floor h]) on the sorted values.
 - tok/s: generated tokens ÷ wall latency summed over the group's calls (end to end, prefill included);
-  decode tok/s: tokens after the first ÷ (latency − TTFT), summed likewise.
+  decode tok/s: 1 ÷ the median interval between consecutive tokens after the first (the group's
+  calls pooled): the cost of one decode step in the steady state; tok/s after TTFT: tokens after
+  the first ÷ (latency − TTFT), summed. The two differ by where a system's pipeline puts its
+  first decode step: mlx-lm's ``generate_step`` launches it before it yields the first token (in
+  its TTFT), the runner after (in its time after TTFT), and at a stop token both have one more
+  step in flight that the call waits for.
 - Bootstrap: percentile interval of ``resamples`` ratios statistic(runner*) / statistic(baseline*),
   each system's calls resampled with replacement independently, within each prompt (stratified), from
   a ``numpy.random.default_rng`` seeded by (seed, scope) — the same input always gives the same interval.
@@ -18,7 +23,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -70,6 +75,7 @@ class Sample:
     tokens: list[int]
     rss_peak: list[int]
     mlx_peak: list[int]
+    intervals_s: list[float] = field(default_factory=list)  # between tokens after the first, pooled
 
     @classmethod
     def of(cls, calls: Sequence[dict]) -> Sample:
@@ -79,6 +85,7 @@ class Sample:
             [c["tokens_generated"] for c in calls],
             [c["rss_peak_bytes"] for c in calls],
             [c["mlx_peak_bytes"] for c in calls],
+            [x for c in calls for x in c.get("token_latencies_s", [])],
         )
 
     def __len__(self) -> int:
@@ -97,6 +104,7 @@ def describe(s: Sample) -> dict:
     total = math.fsum(s.latency_s)
     decode_time = math.fsum(lat - ttft for lat, ttft in zip(s.latency_s, s.ttft_s, strict=True))
     decode_tokens = sum(max(t - 1, 0) for t in s.tokens)
+    step = percentile(s.intervals_s, 50)
     return {
         "n": len(s),
         "mean_ms": mean(ms),
@@ -109,7 +117,8 @@ def describe(s: Sample) -> dict:
         "ttft_mean_ms": mean([x * 1000 for x in s.ttft_s]),
         "tokens_mean": mean(s.tokens),
         "tokens_per_s": sum(s.tokens) / total if total > 0 else None,
-        "decode_tokens_per_s": decode_tokens / decode_time if decode_time > 0 else None,
+        "decode_tokens_per_s": 1 / step if step else None,
+        "after_ttft_tokens_per_s": decode_tokens / decode_time if decode_time > 0 else None,
         "rss_peak_bytes": max(s.rss_peak, default=None),
         "mlx_peak_bytes": max(s.mlx_peak, default=None),
     }
@@ -205,4 +214,5 @@ def pool(strata: Sequence[Sample]) -> Sample:
         [x for s in strata for x in s.tokens],
         [x for s in strata for x in s.rss_peak],
         [x for s in strata for x in s.mlx_peak],
+        [x for s in strata for x in s.intervals_s],
     )

@@ -38,6 +38,7 @@ def run_vision(args: argparse.Namespace, plan, model, target) -> int:
     report = build_report(
         plan, gen, session.observed_peak(), rss.peak, rss.series, text, list(inputs.prompt)
     )
+    report["weights"] = session.weight_allocation.to_dict()
     report["vision"] = {
         "images": len(inputs.pixels),
         "image_processor": inputs.processor,

@@ -12,6 +12,8 @@ from dctms.schema.fingerprint import canonical_config_sha256, file_sha256
 from dctms.schema.io import read_plan
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.rules_runner import RUNNER_INPUTS
+from dctms.runner import weight_arena
+from dctms.runner.weight_arena import ArenaInfo
 from dctms.schema.sizes import cast_order
 from dctms.schema.types import Plan
 
@@ -97,8 +99,35 @@ def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = Fals
                 raise DctmsError(f"{f}: sha256 {digest[:12]} differs from the plan's")
 
 
-def load_weights(model: ModelFolder, plan: Plan) -> dict[str, mx.array]:
-    """Every weight, resident in the plan's dtype. ``mx.load`` is lazy: a weight the plan casts
+def load_weights(model: ModelFolder, plan: Plan) -> tuple[dict[str, mx.array], ArenaInfo]:
+    """Every weight, resident in the plan's dtype, and how they were allocated: in one arena
+    where that is exact (``runner.weight_arena``), else one buffer each (:func:`_load_each`)."""
+    why = _no_arena(model, plan)
+    if why is None:
+        sources = {h.name: h for h in model.headers()}
+        names = weight_use_order(plan, [w.name for w in plan.model.weights.tensors])
+        placed = weight_arena.layout(names, sources)
+        if placed is not None:
+            return weight_arena.read_arena(placed, {f.name: f for f in model.weight_files})
+        why = "an offset would need padding"
+    return _load_each(model, plan), ArenaInfo(0, 0, why)
+
+
+def _no_arena(model: ModelFolder, plan: Plan) -> str | None:
+    """Why the weights cannot be one arena read as stored, or None."""
+    if weight_arena.switched_off():
+        return f"{weight_arena.SWITCH}=off"
+    if plan.target.backend != "cpu":
+        return f"the {plan.target.backend} backend"
+    if plan.distributed is not None:
+        return "a rank's plan"
+    if any(w.stored_dtype not in (None, w.dtype) for w in plan.model.weights.tensors):
+        return "weights cast at load"
+    return None
+
+
+def _load_each(model: ModelFolder, plan: Plan) -> dict[str, mx.array]:
+    """Every weight in a buffer of its own. ``mx.load`` is lazy: a weight the plan casts
     (``compile --dtype``) is read and cast one at a time, largest stored copy first
     (``sizes.cast_order``; the compiler checks the envelope covers the overshoot), then the rest is
     read as stored."""

@@ -152,7 +152,7 @@ class Session:
         self.baseline = mx.get_active_memory()
         self.apply_limits()
         mx.reset_peak_memory()
-        self.weights = load_weights(model, self.plan)
+        self.weights, self.weight_allocation = load_weights(model, self.plan)
         self.state = {
             s.name: mx.zeros(s.shape, dtype=dtype_from_name(s.dtype))
             for s in plan.state
@@ -221,7 +221,8 @@ class Session:
         else:  # mlx-lm's call boundaries decide what is quantised; a recurrent state takes no pad
             token_array = prefill_like_mlx_lm(self, prompt, whole_chunks=self.recurrent)
         token = int(token_array.item())
-        gen = Generation([token], time.perf_counter() - start)
+        t0 = time.perf_counter()  # each token's latency runs from the one before it
+        gen = Generation([token], t0 - start)
         if on_token is not None and on_token(token) is False:
             return gen
         position = len(prompt)
@@ -230,7 +231,6 @@ class Session:
         inflight = None
         if len(gen.tokens) < max_tokens and token not in stop:
             inflight = self._decode(token_array, position)
-        t0 = time.perf_counter()
         while inflight is not None:
             position += 1
             more = len(gen.tokens) + 1 < max_tokens

@@ -54,7 +54,7 @@ class _Draft:
     """The draft model's weights, static cache and phase programs (its part of the plan)."""
 
     def __init__(self, view: Plan, folder: ModelFolder, num_draft: int):
-        self.weights = load_weights(folder, view)
+        self.weights, self.weight_allocation = load_weights(folder, view)
         self.state = {
             s.name: mx.zeros(s.shape, dtype=dtype_from_name(s.dtype))
             for s in view.state

@@ -48,6 +48,7 @@ class HeaderTensor:
     dtype: str
     bytes: int
     file: str
+    start: int = -1  # where its data begins in the file (bytes from its start); -1: not a file's
 
 
 def canonical_config_sha256(config: dict) -> str:
@@ -102,13 +103,15 @@ def read_safetensors_header(path: Path) -> list[HeaderTensor]:
         raise DctmsError(f"{path}: not a safetensors file (header is not a JSON object)")
     data_bytes = size - 8 - n
     return [
-        _header_tensor(path, name, entry, data_bytes)
+        _header_tensor(path, name, entry, data_bytes, 8 + n)
         for name, entry in sorted(header.items())
         if name != "__metadata__"
     ]
 
 
-def _header_tensor(path: Path, name: str, entry: object, data_bytes: int) -> HeaderTensor:
+def _header_tensor(
+    path: Path, name: str, entry: object, data_bytes: int, data_start: int
+) -> HeaderTensor:
     """One header entry, checked: a malformed entry is a one-line error, never a traceback."""
     bad = DctmsError(f"{path}: not a safetensors file (bad entry for tensor {name})")
     if not isinstance(entry, dict):
@@ -139,7 +142,9 @@ def _header_tensor(path: Path, name: str, entry: object, data_bytes: int) -> Hea
             f"{path}: tensor {name} ends at byte {offsets[1]} of the data, "
             f"the file holds {data_bytes} (truncated or bad offsets)"
         )
-    return HeaderTensor(name, tuple(shape), dtype, offsets[1] - offsets[0], path.name)
+    return HeaderTensor(
+        name, tuple(shape), dtype, offsets[1] - offsets[0], path.name, data_start + offsets[0]
+    )
 
 
 def file_sha256(path: Path) -> str:

@@ -75,7 +75,8 @@ def test_describe_by_hand():
     assert d["ttft_mean_ms"] == pytest.approx(50.0)
     assert d["tokens_per_s"] == pytest.approx(40 / 0.6)
     # tokens after the first / (latency - TTFT): (9 + 9 + 19) / (0.05 + 0.15 + 0.25)
-    assert d["decode_tokens_per_s"] == pytest.approx(37 / 0.45)
+    assert d["after_ttft_tokens_per_s"] == pytest.approx(37 / 0.45)
+    assert d["decode_tokens_per_s"] is None  # no intervals between tokens recorded
     assert d["rss_peak_bytes"] == 9
     assert d["mlx_peak_bytes"] == 3
 
@@ -151,3 +152,21 @@ def test_bootstrap_single_call_strata():
 def test_bootstrap_empty_side():
     r = stats.bootstrap_ratios([_sample([1.0, 2.0])], [_sample([])], resamples=50)
     assert all(v == {"ratio": None, "low": None, "high": None} for v in r.values())
+
+
+def test_decode_rate_is_the_median_interval_between_tokens():
+    """Where a pipeline puts its first decode step (in the TTFT or after it) changes the time
+    after TTFT, not the steady interval between tokens: two calls with the same steps, one with a
+    step moved from after its first token into its TTFT, have equal decode tok/s."""
+    calls = [
+        {"latency_s": 0.5, "ttft_s": 0.1, "tokens_generated": 5, "rss_peak_bytes": 1,
+         "mlx_peak_bytes": 1, "token_latencies_s": [0.2, 0.05, 0.05, 0.1]},
+        {"latency_s": 0.5, "ttft_s": 0.2, "tokens_generated": 5, "rss_peak_bytes": 1,
+         "mlx_peak_bytes": 1, "token_latencies_s": [0.1, 0.05, 0.05, 0.1]},
+    ]  # fmt: skip
+    late, early = (stats.describe(Sample.of([c])) for c in calls)
+    assert late["decode_tokens_per_s"] == early["decode_tokens_per_s"] == pytest.approx(1 / 0.075)
+    assert late["after_ttft_tokens_per_s"] == pytest.approx(4 / 0.4)
+    assert early["after_ttft_tokens_per_s"] == pytest.approx(4 / 0.3)
+    pooled = stats.describe(stats.pool([Sample.of(calls[:1]), Sample.of(calls[1:])]))
+    assert pooled["decode_tokens_per_s"] == pytest.approx(1 / 0.075)  # median of 8 intervals

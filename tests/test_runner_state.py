@@ -183,3 +183,17 @@ def test_the_address_check_sees_a_copy(session):
     assert address(session.state[name]) != old
     assert address(held) == old
     del held
+
+
+def test_token_latencies_and_ttft_cover_the_whole_generation(session, monkeypatch):
+    """The clock is read once per token: TTFT, then each token's latency from the one before it,
+    so together they add up to the whole call (the first decode step's launch included)."""
+    import dctms.runner.session as runner_session
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(runner_session.time, "perf_counter", lambda: float(next(ticks)))
+    plan = session.plan
+    gen = session.generate(validate_request(plan, prompt(20), 6, set()))
+    last = next(ticks) - 1  # the clock's last reading inside generate
+    assert len(gen.tokens) == 6
+    assert gen.ttft_s + sum(gen.token_latencies_s) == last

@@ -138,6 +138,7 @@ def _run(args: argparse.Namespace, target) -> int:
     text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
     peak = (spec.target if draft is not None else session).observed_peak()
     report = build_report(plan, gen, peak, rss.peak, rss.series, text, prompt)
+    report["weights"] = (spec.target if draft is not None else session).weight_allocation.to_dict()
     if recorded is not None:
         report["setup"] = {"recorded_points": recorded.points, "record_s": recorded.seconds}
     if draft is not None:
@@ -222,9 +223,16 @@ def summary(report: dict) -> str:
             f"within envelope: {'yes' if report['within_envelope'] else 'NO'} "
             f"(M_max provable / observed = {_ratio(report['envelope_over_observed'])})",
             f"BLAS: {BlasInfo(**report['blas']).describe()}",
+            *_weights_line(report.get("weights")),
             *_setup_line(report.get("setup")),
         ]
     )
+
+
+def _weights_line(weights: dict | None) -> list[str]:
+    from dctms.runner.weight_arena import ArenaInfo
+
+    return [f"weights: {ArenaInfo(**weights).describe()}"] if weights else []
 
 
 def _setup_line(setup: dict | None) -> list[str]:
