@@ -6,14 +6,14 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from dctms.runner import weight_arena
 from dctms.runner.primitives import SUPPORTED, dtype_from_name
+from dctms.runner.weight_arena import ArenaInfo
 from dctms.schema.errors import DctmsError
 from dctms.schema.fingerprint import canonical_config_sha256, file_sha256
 from dctms.schema.io import read_plan
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.rules_runner import RUNNER_INPUTS
-from dctms.runner import weight_arena
-from dctms.runner.weight_arena import ArenaInfo
 from dctms.schema.sizes import cast_order
 from dctms.schema.types import Plan
 
