@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -49,6 +49,7 @@ from dctms.schema.types import (
 )
 from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign, caches, limits
+from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.lengths import (
     TOKEN_STEP,
@@ -344,7 +345,7 @@ def trace_source(
     traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
-        return traced, capacity, fits
+        return _merged(traced, fits, say), capacity, fits
     special = sorted({r.slots for r in rings if isinstance(r, caches.Ring)})
     found_start = (
         [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))]
@@ -361,7 +362,20 @@ def trace_source(
             say(f"{name}: fixed lengths ({found})")
         else:
             fits[name] = found
-    return traced, capacity, fits
+    return _merged(traced, fits, say), capacity, fits
+
+
+def _merged(traced: Traced, fits: dict[str, LengthFit], say: Callable[[str], None]) -> Traced:
+    """Pass 1c on every phase (``toolkit.common_ops``); ``fits`` re-indexed in place."""
+    phases = []
+    for tp in traced.phases:
+        merged, fit = merge_common_ops(tp, fits.get(tp.name))
+        if merged is not tp:
+            say(f"{tp.name}: {len(tp.ops) - len(merged.ops)} repeated primitives merged")
+        if fit is not None:
+            fits[tp.name] = fit
+        phases.append(merged)
+    return replace(traced, phases=phases)
 
 
 def _fit_prefill(
