@@ -55,12 +55,12 @@ def merge_common_ops(
         inputs = tuple(renamed.get(t, t) for t in op.inputs)
         if inputs != op.inputs:
             op = replace(op, inputs=inputs)
-        key = _key(i, op, lf) if _mergeable(op, bound_outputs) else None
+        key = _key(i, op, phase, lf) if _mergeable(op, bound_outputs) else None
         earlier = first.get(key) if key is not None else None
-        if earlier is not None and _same_outputs(phase, lf, earlier, op):
+        if earlier is not None:
             renamed.update(zip(op.outputs, earlier.outputs, strict=True))
             continue
-        if key is not None and earlier is None:
+        if key is not None:
             first[key] = op
         kept.append(i)
         ops.append(op)
@@ -84,28 +84,21 @@ def _mergeable(op: TracedOp, bound_outputs: set[str]) -> bool:
     )
 
 
-def _key(i: int, op: TracedOp, lf: LengthFit | None) -> tuple:
-    fitted = ()
+def _key(i: int, op: TracedOp, phase: TracedPhase, lf: LengthFit | None) -> tuple:
+    """What makes two ops the same value: primitive, arguments, inputs, and the outputs' shapes
+    and dtypes (a creation op's dtype is not among its arguments: ``Arange`` makes int32 mask
+    positions and float32 rotary positions from the same numbers), each as the length fit
+    changes it."""
+    fitted, shapes = (), ()
     if lf is not None:
         fitted = tuple(
             (path, lf.args[(i, path)], (i, path) in lf.floats)
             for path, _ in _leaves(op.args)
             if (i, path) in lf.args
         )
-    return (op.primitive, _frozen(op.args), op.inputs, fitted)
-
-
-def _same_outputs(phase: TracedPhase, lf: LengthFit | None, a: TracedOp, b: TracedOp) -> bool:
-    """Equal primitives on equal inputs give equal outputs; checked anyway, with their fits."""
-    if len(a.outputs) != len(b.outputs):
-        return False
-    for x, y in zip(a.outputs, b.outputs, strict=True):
-        tx, ty = phase.tensors[x], phase.tensors[y]
-        if (tx.shape, tx.dtype) != (ty.shape, ty.dtype):
-            return False
-        if lf is not None and lf.shapes.get(x) != lf.shapes.get(y):
-            return False
-    return True
+        shapes = tuple(tuple(sorted(lf.shapes.get(t, {}).items())) for t in op.outputs)
+    outputs = tuple((phase.tensors[t].shape, phase.tensors[t].dtype) for t in op.outputs)
+    return (op.primitive, _frozen(op.args), op.inputs, outputs, fitted, shapes)
 
 
 def _reindexed(lf: LengthFit, kept: list[int], renamed: dict[str, str]) -> LengthFit:
