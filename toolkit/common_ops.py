@@ -105,9 +105,7 @@ def _reindexed(lf: LengthFit, kept: list[int], renamed: dict[str, str]) -> Lengt
     new_index = {old: new for new, old in enumerate(kept)}
     return replace(
         lf,
-        args={
-            (new_index[i], path): f for (i, path), f in lf.args.items() if i in new_index
-        },
+        args={(new_index[i], path): f for (i, path), f in lf.args.items() if i in new_index},
         shapes={t: dims for t, dims in lf.shapes.items() if t not in renamed},
         floats=frozenset((new_index[i], p) for i, p in lf.floats if i in new_index),
     )
