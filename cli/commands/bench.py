@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         f"the graphs of the {recorded[0].points} length points these calls use recorded before "
         f"the first call in {recorded[0].seconds:.2f} s (set-up, in no call's latency"
         + (", again at each re-load)" if args.load_order == ALTERNATE else ")")
+        + f"; weights: {loaded.systems[1].session.weight_allocation.describe()}"
     )
     out_dir = Path(args.out)
     total = len(schedule(len(ids), args.reps))
