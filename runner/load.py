@@ -103,12 +103,14 @@ def load_weights(model: ModelFolder, plan: Plan) -> tuple[dict[str, mx.array], A
     """Every weight, resident in the plan's dtype, and how they were allocated: in one arena
     where that is exact (``runner.weight_arena``), else one buffer each (:func:`_load_each`)."""
     why = _no_arena(model, plan)
+    fused = plan.model.weights.fused
     if why is None:
         sources = {h.name: h for h in model.headers()}
         names = weight_use_order(plan, [w.name for w in plan.model.weights.tensors])
         placed = weight_arena.layout(names, sources)
         if placed is not None:
-            return weight_arena.read_arena(placed, {f.name: f for f in model.weight_files})
+            files = {f.name: f for f in model.weight_files}
+            return weight_arena.read_arena(placed, files, fused)
         why = "an offset would need padding"
     return _load_each(model, plan), ArenaInfo(0, 0, why)
 
@@ -140,6 +142,12 @@ def _load_each(model: ModelFolder, plan: Plan) -> dict[str, mx.array]:
     weights: dict[str, mx.array] = {}
     if plan.distributed is not None:
         weights.update(_rank_weights(model, plan, loaded))
+    # Fused weights first, each read and concatenated at once, its parts dropped: while the
+    # weights not read yet are at least one group's size, the load never holds more than M_weights.
+    for fw in plan.model.weights.fused:
+        array = mx.concatenate([loaded.pop(p) for p in fw.parts], axis=0)
+        mx.eval(array)
+        weights[fw.name] = array
     for w in cast_order([w for w in plan.model.weights.tensors if w.name not in weights]):
         array = loaded.pop(w.name).astype(dtype_from_name(w.dtype))
         mx.eval(array)  # the stored copy is freed here: nothing else refers to it
@@ -157,15 +165,17 @@ def _load_each(model: ModelFolder, plan: Plan) -> dict[str, mx.array]:
 def weight_use_order(plan: Plan, names) -> list[str]:
     """``names`` in the order of their first read by the decode phase's ops (then the rest)."""
     wanted = set(names)
+    parts = {fw.name: fw.parts for fw in plan.model.weights.fused}
     decode = next((p for p in plan.phases if p.name == "decode"), None)
     order: dict[str, None] = {}
     if decode is not None:
         by_id = {b.id: b.name for b in decode.inputs if b.kind == "weight"}
         for op in decode.ops:
             for t in op.inputs:
-                name = by_id.get(t)
-                if name in wanted:
-                    order.setdefault(name, None)
+                # a fused weight's parts end to end, where it is first read
+                for name in parts.get(by_id.get(t), (by_id.get(t),)):
+                    if name in wanted:
+                        order.setdefault(name, None)
     order.update((n, None) for n in sorted(wanted - set(order)))
     return list(order)
 

@@ -34,6 +34,7 @@ import mlx.core as mx
 from dctms.runner.primitives import dtype_from_name
 from dctms.schema.errors import DctmsError
 from dctms.schema.fingerprint import HeaderTensor
+from dctms.schema.types import FusedWeight
 
 SWITCH = "DCTMS_WEIGHT_ARENA"  # "on" (default) | "off": one buffer per weight, as mlx-lm
 HUGE_PAGE = 2 * 2**20
@@ -87,9 +88,10 @@ def layout(names: Sequence[str], sources: dict[str, HeaderTensor]) -> list[Place
 
 
 def read_arena(
-    placed: list[Placed], files: dict[str, Path]
+    placed: list[Placed], files: dict[str, Path], fused: Sequence[FusedWeight] = ()
 ) -> tuple[dict[str, mx.array], ArenaInfo]:
-    """Allocate the arena, read every tensor into its place, return the weights as views of it."""
+    """Allocate the arena, read every tensor into its place, return the weights as views of it:
+    each fused weight one view of its parts (laid out end to end), in place of them."""
     total = sum(p.source.bytes for p in placed)
     arena = mx.zeros((max(total, 1),), dtype=mx.uint8)
     mx.eval(arena)
@@ -101,15 +103,31 @@ def read_arena(
         huge = _huge_page_bytes(view) if pages else 0
     finally:
         view.release()
-    weights = {
-        p.name: arena[p.offset : p.offset + p.source.bytes]
-        .view(dtype_from_name(p.source.dtype))
-        .reshape(p.source.shape)
-        for p in placed
-    }
+    at = {p.name: p for p in placed}
+    weights = {}
+    for fw in fused:
+        parts = [at.pop(name) for name in fw.parts]
+        for a, b in zip(parts, parts[1:], strict=False):
+            if a.offset + a.source.bytes != b.offset:
+                raise DctmsError(f"internal: the parts of {fw.name} are not laid out end to end")
+        rows = sum(p.source.shape[0] for p in parts)
+        end = parts[-1].offset + parts[-1].source.bytes
+        weights[fw.name] = _view(arena, parts[0].offset, end, parts[0].source, rows)
+    for p in at.values():
+        weights[p.name] = _view(arena, p.offset, p.offset + p.source.bytes, p.source)
     mx.eval(list(weights.values()))
-    reason = "transparent huge pages asked for (MADV_HUGEPAGE)" if pages else "no transparent huge pages here"
+    reason = (
+        "transparent huge pages asked for (MADV_HUGEPAGE)"
+        if pages
+        else "no transparent huge pages here"
+    )
     return weights, ArenaInfo(total, huge, reason)
+
+
+def _view(arena: mx.array, start: int, end: int, src: HeaderTensor, rows: int | None = None):
+    """Bytes ``start:end`` of the arena as ``src``'s dtype and shape (``rows`` on axis 0)."""
+    shape = src.shape if rows is None else (rows, *src.shape[1:])
+    return arena[start:end].view(dtype_from_name(src.dtype)).reshape(shape)
 
 
 def switched_off() -> bool:

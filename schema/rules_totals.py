@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator
 
 from dctms.schema.fingerprint import layout_sha256
+from dctms.schema.fused import fused_problems, fused_tensors
 from dctms.schema.phase_index import PlanIndex
 from dctms.schema.sizes import is_arena_tenant
 from dctms.schema.vision_bytes import intermediate_need
@@ -81,6 +82,7 @@ def bindings(ix: PlanIndex) -> Iterator[Finding]:
     """Bindings have the right direction and match what they name: weights, state, output tensors."""
     plan = ix.plan
     weights = {w.name: w for w in plan.model.weights.tensors}
+    weights.update(fused_tensors(plan.model.weights))  # bound whole, never by their parts
     state = {s.name: s for s in plan.state}
     for px in ix.phases:
         for field, allowed in (("inputs", INPUT_KINDS), ("outputs", OUTPUT_KINDS)):
@@ -121,6 +123,22 @@ def bindings(ix: PlanIndex) -> Iterator[Finding]:
                 yield (
                     f"{px.tensor_path(i)}.kind",
                     f"a tensor of kind {t.kind!r} must be named in the phase outputs",
+                )
+
+
+def fused_weights(ix: PlanIndex) -> Iterator[Finding]:
+    """Every fused weight is two or more weights end to end along axis 0 (one dtype, the same
+    trailing dimensions, no part in two), and no phase binds one of its parts on its own: the
+    runner keeps the fused view only."""
+    weights = ix.plan.model.weights
+    yield from fused_problems(weights)
+    part_of = {p: fw.name for fw in weights.fused for p in fw.parts}
+    for px in ix.phases:
+        for k, b in enumerate(px.phase.inputs):
+            if b.kind == "weight" and b.name in part_of:
+                yield (
+                    f"{px.path}.inputs[{k}].name",
+                    f"binds {b.name!r}, a part of the fused weight {part_of[b.name]!r}",
                 )
 
 

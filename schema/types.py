@@ -106,6 +106,16 @@ class WeightTensor(_Base):
     shard: RankShard | None = None
 
 
+class FusedWeight(_Base):
+    """A weight the phases read that is several of ``tensors`` end to end along axis 0 (a layer's
+    query, key and value projections, or its gate and up projections): one matmul instead of
+    several. The runner lays the parts out next to each other and reads the fused weight as one
+    view of them, so it costs no bytes of its own; a phase never binds a part."""
+
+    name: Name
+    parts: list[Name]
+
+
 class Weights(_Base):
     """Fingerprint of the parameters the plan was compiled for."""
 
@@ -116,6 +126,7 @@ class Weights(_Base):
     files_sha256: dict[Name, Sha256] | None = (
         None  # per safetensors file, when weights were present
     )
+    fused: list[FusedWeight] = []  # toolkit.fuse_projections
 
 
 class ModelInfo(_Base):

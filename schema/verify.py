@@ -75,6 +75,7 @@ RULES: dict[str, Rule] = {
     "state_kind": rules_totals.state_kind,
     "weights_fingerprint": rules_totals.weights_fingerprint,
     "bindings": rules_totals.bindings,
+    "fused_weights": rules_totals.fused_weights,
     "envelope_sum": rules_totals.envelope_sum,
     "stats": rules_totals.stats,
     "runner_names": rules_runner.runner_names,

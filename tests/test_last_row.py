@@ -123,7 +123,25 @@ def test_weights_are_laid_out_in_the_order_decode_reads_them() -> None:
     inputs = [SimpleNamespace(id=f"w{k}", name=n, kind="weight") for k, n in enumerate(names)]
     ops = [SimpleNamespace(inputs=[f"w{k}", "x"]) for k in range(len(names))]
     decode = SimpleNamespace(name="decode", inputs=inputs, ops=ops)
-    plan = SimpleNamespace(phases=[decode])
+    no_fused = SimpleNamespace(weights=SimpleNamespace(fused=[]))
+    plan = SimpleNamespace(phases=[decode], model=no_fused)
     # mx.load's dict order is a hash order; lexicographic would put layer 10 before layer 2
     shuffled = sorted(names, key=hash) + ["lm_head.weight"]  # one the decode phase never reads
     assert weight_use_order(plan, shuffled) == [*names, "lm_head.weight"]
+
+
+def test_a_fused_weights_parts_are_laid_out_end_to_end_where_it_is_read() -> None:
+    from dctms.schema.types import FusedWeight
+
+    parts = ["l.0.q.weight", "l.0.k.weight", "l.0.v.weight"]
+    inputs = [
+        SimpleNamespace(id="e", name="embed.weight", kind="weight"),
+        SimpleNamespace(id="f", name="l.0.{q,k,v}.weight", kind="weight"),
+        SimpleNamespace(id="o", name="l.0.o.weight", kind="weight"),
+    ]
+    ops = [SimpleNamespace(inputs=[t]) for t in ("e", "f", "o")]
+    decode = SimpleNamespace(name="decode", inputs=inputs, ops=ops)
+    model = SimpleNamespace(weights=SimpleNamespace(fused=[FusedWeight(inputs[1].name, parts)]))
+    plan = SimpleNamespace(phases=[decode], model=model)
+    names = ["l.0.o.weight", "l.0.v.weight", "embed.weight", "l.0.k.weight", "l.0.q.weight"]
+    assert weight_use_order(plan, names) == ["embed.weight", *parts, "l.0.o.weight"]

@@ -15,6 +15,7 @@ from dctms.schema.types import (
     CompileRequest,
     Distributed,
     EnvelopePart,
+    FusedWeight,
     Intermediate,
     LengthAffine,
     Lengths,
@@ -58,6 +59,17 @@ def nested(plan: Plan, field: str, **changes) -> Plan:
 
 def weights(plan: Plan, **changes) -> Plan:
     return replace(plan, model=replace(plan.model, weights=replace(plan.model.weights, **changes)))
+
+
+EMB = "model.embed_tokens.weight"
+
+
+def fused(plan: Plan, parts: list[str], name: str = "fused", **second) -> Plan:
+    """``plan`` with a second weight (``emb2``, like the embedding unless ``second`` changes it)
+    and one fused weight of ``parts``."""
+    emb = plan.model.weights.tensors[0]
+    extra = replace(emb, name="emb2", **second)
+    return weights(plan, tensors=[emb, extra], fused=[FusedWeight(name, parts)])
 
 
 TINY_CONFIG = {"model_type": "tiny", "hidden_size": 8}
@@ -445,6 +457,18 @@ CASES: list[tuple[str, str, Break]] = [
         lambda p: binding(p, "outputs", "out", id="t3", kind="output"),
     ),
     ("bindings", "output binding shape differs", lambda p: binding(p, "outputs", "out", shape=[2])),
+    ("fused_weights", "a fused weight of one part", lambda p: fused(p, ["emb2"])),
+    ("fused_weights", "a part that is not a weight", lambda p: fused(p, ["emb2", "nope"])),
+    ("fused_weights", "a part named twice", lambda p: fused(p, ["emb2", "emb2"])),
+    ("fused_weights", "named like a weight", lambda p: fused(p, [EMB, "emb2"], name="emb2")),
+    ("fused_weights", "parts of two dtypes", lambda p: fused(p, [EMB, "emb2"], dtype="float32")),
+    ("fused_weights", "parts of other widths", lambda p: fused(p, [EMB, "emb2"], shape=[16, 4])),
+    ("fused_weights", "a phase binds a part", lambda p: fused(p, [EMB, "emb2"])),
+    (
+        "fused_weights",
+        "a part cast at load",
+        lambda p: fused(p, ["emb2", EMB], stored_dtype="float32"),
+    ),
     (
         "envelope_sum",
         "total is not the sum",
@@ -702,3 +726,12 @@ def test_zero_byte_tenants_never_overlap(tiny_plan: Plan) -> None:
     # A [1, 0] tensor owns no bytes; placing it inside a live neighbour is not a conflict.
     empty = tensor(tiny_plan, "t2", shape=[1, 0], bytes=0, offset=0)
     assert "arena_overlap" not in {p.rule for p in verify_plan(empty)}
+
+
+def test_a_binding_of_a_fused_weight_has_its_parts_end_to_end(tiny_plan: Plan) -> None:
+    plan = fused(tiny_plan, [EMB, "emb2"])
+    whole = binding(plan, "inputs", "w_emb", name="fused", shape=[32, 8])
+    rules = {p.rule for p in verify_plan(whole)}
+    assert not rules & {"bindings", "fused_weights"}
+    wrong = binding(plan, "inputs", "w_emb", name="fused", shape=[16, 8])  # one part's shape
+    assert "bindings" in {p.rule for p in verify_plan(wrong)}

@@ -61,14 +61,37 @@ def test_the_arena_holds_the_stored_bytes_in_exactly_m_weights(name, tmp_path) -
     weights, info = load_weights(model, plan)
     m_weights = sum(w.nbytes for w in weights.values())
     assert info.arena_bytes == m_weights == plan.envelope.weights
+    assert plan.model.weights.fused or name == "qwen2-4bit"  # projections fused, not quantised
     # one allocation of M_weights, and never a stored copy beside it (only the zero that fills it)
     assert mx.get_active_memory() - before == m_weights
     assert m_weights <= mx.get_peak_memory() - before <= m_weights + 16
-    stored = _stored(model)
+    _assert_stored(weights, _stored(model), plan)
+
+
+def _assert_stored(weights: dict, stored: dict, plan) -> None:
+    """``weights`` hold exactly the stored tensors: each fused weight its parts end to end."""
+    for fw in plan.model.weights.fused:
+        stored[fw.name] = mx.concatenate([stored.pop(p) for p in fw.parts], axis=0)
     assert set(weights) == set(stored)
     for key, w in weights.items():
         assert (w.dtype, w.shape) == (stored[key].dtype, stored[key].shape), key
         assert mx.array_equal(w, stored[key]).item(), key
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_one_buffer_per_weight_holds_the_same_weights(name, tmp_path, monkeypatch) -> None:
+    model, plan = _compiled(tmp_path, CASES[name])
+    monkeypatch.setenv(weight_arena.SWITCH, "off")
+    mx.set_cache_limit(0)
+    mx.eval(mx.zeros((1,)))
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    weights, info = load_weights(model, plan)
+    assert info.arena_bytes == 0
+    # fused weights concatenated first: the load never held more than M_weights
+    assert mx.get_active_memory() - before == plan.envelope.weights
+    assert mx.get_peak_memory() - before <= plan.envelope.weights
+    _assert_stored(weights, _stored(model), plan)
 
 
 def test_generation_is_the_same_with_and_without_the_arena(tmp_path, monkeypatch) -> None:
@@ -139,7 +162,9 @@ def test_a_large_arena_is_asked_for_and_given_huge_pages(tmp_path) -> None:
     mx.save_safetensors(str(path), {"w": mx.arange(size, dtype=mx.float32)})
     (src,) = read_safetensors_header(path)
     fallback = _vmstat("thp_fault_fallback")
-    weights, info = weight_arena.read_arena(weight_arena.layout(["w"], {"w": src}), {path.name: path})
+    weights, info = weight_arena.read_arena(
+        weight_arena.layout(["w"], {"w": src}), {path.name: path}
+    )
     assert info.reason == "transparent huge pages asked for (MADV_HUGEPAGE)"
     # the kernel gives them, or counts that it could not (fragmented memory)
     assert info.huge_page_bytes >= 2 * 2**20 or _vmstat("thp_fault_fallback") > fallback

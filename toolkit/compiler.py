@@ -29,6 +29,7 @@ from dctms.schema.types import (
     CompileRequest,
     Constant,
     Envelope,
+    FusedWeight,
     Generator,
     LengthAffine,
     Lengths,
@@ -51,6 +52,7 @@ from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign, caches, limits
 from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
+from dctms.toolkit.fuse_projections import fuse_projections
 from dctms.toolkit.lengths import (
     TOKEN_STEP,
     TOKENS,
@@ -234,7 +236,9 @@ def plan_model(
     )
     if ranked:
         headers = ranked[0].headers(headers)
-    weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
+    weights = fingerprint_weights(
+        traced.weights, headers, source, opts.hash_weights, traced.fused
+    )
     ridge = ridge_point(settings.profile)
     budget = opts.pack_seconds if pack_seconds is None else pack_seconds
     phases = []
@@ -345,7 +349,7 @@ def trace_source(
     traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
-        return _merged(traced, fits, say), capacity, fits
+        return _merged(traced, fits, say, _fuses(opts)), capacity, fits
     special = sorted({r.slots for r in rings if isinstance(r, caches.Ring)})
     found_start = (
         [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))]
@@ -362,20 +366,41 @@ def trace_source(
             say(f"{name}: fixed lengths ({found})")
         else:
             fits[name] = found
-    return _merged(traced, fits, say), capacity, fits
+    return _merged(traced, fits, say, _fuses(opts)), capacity, fits
 
 
-def _merged(traced: Traced, fits: dict[str, LengthFit], say: Callable[[str], None]) -> Traced:
-    """Pass 1c on every phase (``toolkit.common_ops``); ``fits`` re-indexed in place."""
-    phases = []
+def _merged(
+    traced: Traced, fits: dict[str, LengthFit], say: Callable[[str], None], fuse: bool
+) -> Traced:
+    """Passes 1c and 1d on every phase (``toolkit.common_ops``, ``toolkit.fuse_projections``
+    where ``fuse``); ``fits`` re-indexed in place."""
+    phases, fused = [], {}
     for tp in traced.phases:
         merged, fit = merge_common_ops(tp, fits.get(tp.name))
         if merged is not tp:
             say(f"{tp.name}: {len(tp.ops) - len(merged.ops)} repeated primitives merged")
+        if fuse:
+            merged, fit, groups = fuse_projections(merged, fit)
+            if groups:
+                say(f"{tp.name}: {len(groups)} groups of projections fused")
+            for name, parts in groups.items():
+                if fused.setdefault(name, parts) != parts:
+                    raise InternalError(f"fused weight {name} has other parts in {tp.name}")
         if fit is not None:
             fits[tp.name] = fit
         phases.append(merged)
-    return replace(traced, phases=phases)
+    return replace(traced, phases=phases, fused=fused)
+
+
+def _fuses(opts: CompileOptions) -> bool:
+    """Projections are fused where the runner reads the weights as stored into its arena: the
+    CPU, no cast at load, not a rank's slices (``runner.weight_arena``)."""
+    return (
+        opts.backend in (None, "cpu")
+        and opts.dtype is None
+        and opts.ranks == 1
+        and opts.parallel is None
+    )
 
 
 def _fit_prefill(
@@ -602,6 +627,7 @@ def fingerprint_weights(
     headers: list[HeaderTensor] | None,
     source: ModelFolder,
     hash_files: bool,
+    fused: dict[str, tuple[str, ...]] | None = None,
 ) -> Weights:
     """The fingerprint: from the safetensors headers when present (and they must match the model).
 
@@ -646,6 +672,7 @@ def fingerprint_weights(
         layout_sha256=layout_sha256([(w.name, w.shape, w.dtype) for w in rows]),
         tensors=rows,
         files_sha256=files,
+        fused=[FusedWeight(n, list(p)) for n, p in sorted((fused or {}).items())],
     )
 
 

@@ -96,6 +96,8 @@ class Traced:
     # state name -> (window, slots) of a sliding-window layer's ring (see toolkit.caches)
     rings: dict[str, tuple[int, int]] = field(default_factory=dict)
     recurrent: tuple[str, ...] = ()  # state names of recurrent layers (ArraysCache)
+    # fused weight name -> its parts, in column order (toolkit.fuse_projections)
+    fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def phase(self, name: str) -> TracedPhase:
         """The traced phase called ``name`` ("prefill" or "decode")."""
