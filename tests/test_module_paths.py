@@ -66,11 +66,13 @@ def test_an_op_reading_a_layer_weight_is_in_that_weights_module(plan):
             for t in op.inputs:
                 name = weights.get(t)
                 if name and ".layers." in name:
-                    # q_proj's weight is read in model.layers.i.self_attn.q_proj, not its parent.
-                    assert module == name.rpartition(".")[0], (op.primitive, name, module)
+                    # q_proj's weight is read in model.layers.i.self_attn.q_proj, not its parent;
+                    # a fused weight (a.{q_proj,k_proj,v_proj}.weight) in the parts' parent a.
+                    owner = name.split(".{")[0] if ".{" in name else name.rpartition(".")[0]
+                    assert module == owner, (op.primitive, name, module)
                     checked += 1
-        # q, k, v, o, gate, up, down and two norms per layer, at least
-        assert checked >= 9 * TINY_QWEN2["num_hidden_layers"]
+        # q, k, v, o, {gate, up}, down and two norms per layer, at least
+        assert checked >= 8 * TINY_QWEN2["num_hidden_layers"]
 
 
 def test_attention_softmax_sampling_and_tied_head(plan):
