@@ -3,6 +3,7 @@ their weights end to end, and the plan names the fused weight and its parts."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,19 +13,10 @@ from dctms.toolkit.fuse_projections import fuse_projections, fused_name
 from dctms.toolkit.lengths import Affine, LengthFit
 from dctms.toolkit.trace import TracedBinding, TracedOp, TracedPhase, TracedTensor
 
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 96,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float32",
-}
+sys.path.insert(0, str(Path(__file__).parent))
+from test_compiler_families import BASE, FAMILIES  # noqa: E402
+
+LLAMA = {**BASE, **FAMILIES["llama"], "torch_dtype": "float32"}  # three layers
 
 
 def test_a_fused_weight_is_named_by_what_its_parts_share() -> None:
@@ -105,17 +97,17 @@ def test_a_real_model_reads_each_layer_through_two_fused_weights(llama) -> None:
     _, plan = llama
     names = [fw.name for fw in plan.model.weights.fused]
     assert names == [
-        "model.layers.0.mlp.{gate_proj,up_proj}.weight",
-        "model.layers.0.self_attn.{q_proj,k_proj,v_proj}.weight",
-        "model.layers.1.mlp.{gate_proj,up_proj}.weight",
-        "model.layers.1.self_attn.{q_proj,k_proj,v_proj}.weight",
+        f"model.layers.{i}.{block}.weight"
+        for i in range(LLAMA["num_hidden_layers"])
+        for block in ("mlp.{gate_proj,up_proj}", "self_attn.{q_proj,k_proj,v_proj}")
     ]
     parts = {p for fw in plan.model.weights.fused for p in fw.parts}
     for phase in plan.phases:
         bound = {b.name for b in phase.inputs if b.kind == "weight"}
         assert set(names) <= bound and not parts & bound, phase.name
         # per layer: o and down projections, plus the two fused; and the head
-        assert sum(op.primitive == "Matmul" and op.args == [] for op in phase.ops) >= 4 * 2 + 1
+        layers = LLAMA["num_hidden_layers"]
+        assert sum(op.primitive == "Matmul" and op.args == [] for op in phase.ops) >= 4 * layers + 1
 
 
 def test_the_runner_with_fused_weights_gives_mlx_lms_tokens(llama) -> None:
