@@ -103,14 +103,13 @@ def load_weights(model: ModelFolder, plan: Plan) -> tuple[dict[str, mx.array], A
     """Every weight, resident in the plan's dtype, and how they were allocated: in one arena
     where that is exact (``runner.weight_arena``), else one buffer each (:func:`_load_each`)."""
     why = _no_arena(model, plan)
-    fused = plan.model.weights.fused
     if why is None:
         sources = {h.name: h for h in model.headers()}
         names = weight_use_order(plan, [w.name for w in plan.model.weights.tensors])
         placed = weight_arena.layout(names, sources)
         if placed is not None:
             files = {f.name: f for f in model.weight_files}
-            return weight_arena.read_arena(placed, files, fused)
+            return weight_arena.read_arena(placed, files, plan.model.weights.fused)
         why = "an offset would need padding"
     return _load_each(model, plan), ArenaInfo(0, 0, why)
 
@@ -123,7 +122,7 @@ def _no_arena(model: ModelFolder, plan: Plan) -> str | None:
         return f"the {plan.target.backend} backend"
     if plan.distributed is not None:
         return "a rank's plan"
-    if any(w.stored_dtype not in (None, w.dtype) for w in plan.model.weights.tensors):
+    if cast_order(plan.model.weights.tensors):
         return "weights cast at load"
     return None
 

@@ -26,13 +26,13 @@ import ctypes
 import os
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import mlx.core as mx
 
 from dctms.runner.primitives import dtype_from_name
-from dctms.schema.errors import DctmsError
+from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor
 from dctms.schema.types import FusedWeight
 
@@ -59,11 +59,7 @@ class ArenaInfo:
     reason: str  # why not one arena, or which pages
 
     def to_dict(self) -> dict:
-        return {
-            "arena_bytes": self.arena_bytes,
-            "huge_page_bytes": self.huge_page_bytes,
-            "reason": self.reason,
-        }
+        return asdict(self)
 
     def describe(self) -> str:
         if not self.arena_bytes:
@@ -109,7 +105,7 @@ def read_arena(
         parts = [at.pop(name) for name in fw.parts]
         for a, b in zip(parts, parts[1:], strict=False):
             if a.offset + a.source.bytes != b.offset:
-                raise DctmsError(f"internal: the parts of {fw.name} are not laid out end to end")
+                raise InternalError(f"the parts of {fw.name} are not laid out end to end")
         rows = sum(p.source.shape[0] for p in parts)
         end = parts[-1].offset + parts[-1].source.bytes
         weights[fw.name] = _view(arena, parts[0].offset, end, parts[0].source, rows)

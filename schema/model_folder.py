@@ -11,6 +11,7 @@ twice, every tensor's bytes lie inside its file.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +37,13 @@ class ModelFolder:
     weight_files: tuple[Path, ...]  # model*.safetensors, sorted (what mlx-lm's load reads)
 
     def headers(self) -> list[HeaderTensor]:
-        """Every stored tensor (name, shape, dtype, bytes, file), sorted by name."""
-        return read_weight_headers(self.weight_files)
+        """Every stored tensor (name, shape, dtype, bytes, file, start), sorted by name. Read once
+        per folder object: the runner checks them, then reads the bytes they locate."""
+        return list(self._headers)
+
+    @functools.cached_property
+    def _headers(self) -> tuple[HeaderTensor, ...]:
+        return tuple(read_weight_headers(self.weight_files))
 
     @property
     def where(self) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dctms.toolkit.lengths import LengthFit, _leaves
+from dctms.toolkit.lengths import LengthFit, _leaves, reindexed
 from dctms.toolkit.trace import TracedOp, TracedPhase
 
 # Primitives that are not pure functions of their inputs and arguments, or that talk to peers.
@@ -73,7 +73,9 @@ def merge_common_ops(
         tensors={t: x for t, x in phase.tensors.items() if t not in renamed},
         module_paths=[paths[i] for i in kept] if paths is not None else None,
     )
-    return merged, _reindexed(lf, kept, renamed) if lf is not None else None
+    if lf is not None:
+        lf = reindexed(lf, {old: new for new, old in enumerate(kept)}, renamed)
+    return merged, lf
 
 
 def _mergeable(op: TracedOp, bound_outputs: set[str]) -> bool:
@@ -99,13 +101,3 @@ def _key(i: int, op: TracedOp, phase: TracedPhase, lf: LengthFit | None) -> tupl
         shapes = tuple(tuple(sorted(lf.shapes.get(t, {}).items())) for t in op.outputs)
     outputs = tuple((phase.tensors[t].shape, phase.tensors[t].dtype) for t in op.outputs)
     return (op.primitive, _frozen(op.args), op.inputs, outputs, fitted, shapes)
-
-
-def _reindexed(lf: LengthFit, kept: list[int], renamed: dict[str, str]) -> LengthFit:
-    new_index = {old: new for new, old in enumerate(kept)}
-    return replace(
-        lf,
-        args={(new_index[i], path): f for (i, path), f in lf.args.items() if i in new_index},
-        shapes={t: dims for t, dims in lf.shapes.items() if t not in renamed},
-        floats=frozenset((new_index[i], p) for i, p in lf.floats if i in new_index),
-    )

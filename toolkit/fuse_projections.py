@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from dctms.toolkit.lengths import LengthFit
+from dctms.toolkit.lengths import LengthFit, reindexed
 from dctms.toolkit.trace import TracedBinding, TracedOp, TracedPhase, TracedTensor
 
 
@@ -37,12 +37,18 @@ class _Member:
     output: str  # the matmul's output id
 
 
+def _shared_head(split: list[list[str]], keep: int = 0) -> int:
+    """How many leading names all of ``split`` share, leaving at least ``keep`` names after."""
+    n = 0
+    while all(len(s) > n + keep for s in split) and len({s[n] for s in split}) == 1:
+        n += 1
+    return n
+
+
 def fused_name(parts: list[str]) -> str:
     """``a.b.{q_proj,k_proj}.weight`` for ``a.b.q_proj.weight`` and ``a.b.k_proj.weight``."""
     split = [p.split(".") for p in parts]
-    head = 0
-    while all(len(s) > head + 1 for s in split) and len({s[head] for s in split}) == 1:
-        head += 1
+    head = _shared_head(split, keep=1)
     tail = 0
     while all(len(s) > head + tail + 1 for s in split) and len({s[-1 - tail] for s in split}) == 1:
         tail += 1
@@ -64,7 +70,7 @@ def fuse_projections(
     dropped: set[int] = set()
     tensors = dict(phase.tensors)
     inputs = list(phase.inputs)
-    shape_fits = dict(lf.shapes) if lf is not None else {}
+    row_fits: dict[str, dict] = {}  # the fused outputs' rows, as the length fit changes them
     fused: dict[str, tuple[str, ...]] = {}
     gone_weights: set[str] = set()
     paths = phase.module_paths
@@ -82,13 +88,13 @@ def fuse_projections(
         tensors[wid] = TracedTensor(wid, (total, k), dtype)
         tensors[tid] = TracedTensor(tid, (k, total), dtype)
         tensors[yid] = TracedTensor(yid, (rows, total), tensors[first.output].dtype)
-        row_fit = shape_fits.get(first.output, {}).get(0)
+        row_fit = lf.shapes.get(first.output, {}).get(0) if lf is not None else None
         if row_fit is not None:
-            shape_fits[yid] = {0: row_fit}
+            row_fits[yid] = {0: row_fit}
         path = _common_path([paths[m.matmul] for m in members]) if paths is not None else None
         new = [
             (TracedOp("Transpose", [[1, 0]], (wid,), (tid,)), path, {}),
-            (TracedOp("Matmul", [], (first_input(phase, first), tid), (yid,)), path, {}),
+            (TracedOp("Matmul", [], (phase.ops[first.matmul].inputs[0], tid), (yid,)), path, {}),
         ]
         offset = 0
         for m in members:
@@ -106,24 +112,20 @@ def fuse_projections(
             dropped.update((m.matmul, m.transpose))
             gone_weights.add(m.weight.id)
         replaced[min(m.matmul for m in members)] = new
-    ops, new_paths, arg_fits, floats = [], [], {}, set()
+    ops, new_paths, new_index, added_fits = [], [], {}, {}
     for i, op in enumerate(phase.ops):
-        if i in replaced:
-            for new_op, path, fits in replaced[i]:
-                arg_fits.update({(len(ops), p): f for p, f in fits.items()})
-                ops.append(new_op)
-                new_paths.append(path)
+        for new_op, path, fits in replaced.get(i, ()):
+            added_fits.update({(len(ops), p): f for p, f in fits.items()})
+            ops.append(new_op)
+            new_paths.append(path)
         if i in dropped:
             continue
-        if lf is not None:
-            arg_fits.update({(len(ops), p): f for (j, p), f in lf.args.items() if j == i})
-            floats.update((len(ops), p) for j, p in lf.floats if j == i)
+        new_index[i] = len(ops)
         ops.append(op)
         new_paths.append(paths[i] if paths is not None else None)
-    for wid in gone_weights:
-        tensors.pop(wid, None)
-    for m in (m for g in groups for m in g):
-        tensors.pop(phase.ops[m.matmul].inputs[1], None)
+    gone = gone_weights | {phase.ops[m.matmul].inputs[1] for g in groups for m in g}
+    for t in gone:
+        tensors.pop(t, None)
     merged = replace(
         phase,
         ops=ops,
@@ -131,14 +133,10 @@ def fuse_projections(
         tensors=tensors,
         module_paths=new_paths if paths is not None else None,
     )
-    new_fit = None
     if lf is not None:
-        new_fit = replace(lf, args=arg_fits, shapes=shape_fits, floats=frozenset(floats))
-    return merged, new_fit, fused
-
-
-def first_input(phase: TracedPhase, member: _Member) -> str:
-    return phase.ops[member.matmul].inputs[0]
+        lf = reindexed(lf, new_index, gone)
+        lf = replace(lf, args={**lf.args, **added_fits}, shapes={**lf.shapes, **row_fits})
+    return merged, lf, fused
 
 
 def _groups(phase: TracedPhase) -> list[list[_Member]]:
@@ -175,7 +173,4 @@ def _common_path(paths: list[str | None]) -> str | None:
     if not paths or any(p is None for p in paths):
         return paths[0] if paths else None
     split = [p.split(".") for p in paths]
-    n = 0
-    while all(len(s) > n for s in split) and len({s[n] for s in split}) == 1:
-        n += 1
-    return ".".join(split[0][:n]) or paths[0]
+    return ".".join(split[0][: _shared_head(split)]) or paths[0]

@@ -27,7 +27,7 @@ The runner uses only recorded points: the smallest one that holds the call (``ru
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from dctms.toolkit.lifetimes import PhaseLives, analyse
@@ -170,6 +170,17 @@ def fit(
                 raise NotAffine(f"tensor {tid} shrinks as {', '.join(names)} grow ({shape})")
             shapes.setdefault(tid, {})[d] = f
     return LengthFit(tuple(names), tuple(bound), args, shapes, frozenset(floats))
+
+
+def reindexed(lf: LengthFit, new_index: dict[int, int], gone: Collection[str] = ()) -> LengthFit:
+    """``lf`` after a graph rewrite: op ``i`` is now op ``new_index[i]`` (ops not in it are gone),
+    and the tensors ``gone`` no longer exist."""
+    return replace(
+        lf,
+        args={(new_index[i], p): f for (i, p), f in lf.args.items() if i in new_index},
+        shapes={t: dims for t, dims in lf.shapes.items() if t not in gone},
+        floats=frozenset((new_index[i], p) for i, p in lf.floats if i in new_index),
+    )
 
 
 def evaluate(f: Affine, point: Sequence[int]) -> int:
