@@ -13,6 +13,9 @@ scratch tensor names its op in ``op``; ``Target.backend`` and ``StateTensor.kind
 equal, so the field only cost bytes: ~90 kB on a 7B plan). Also within 3: ``Op.layer`` is gone and
 module paths came in its place (``Plan.modules``, a module tree, and ``Phase.modules``, run-length
 coded module runs); an op's layer is the one its module path names (``schema.modules``).
+4, ``Weights.fused``: a weight a phase binds may be several stored tensors end to end (fused
+projections, ``schema.fused``). A version 3 plan also lacks the compiler's merged primitives and fused
+projections, so it is refused with the line that says to recompile rather than run slower.
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 from dctms.schema.errors import Problem
 from dctms.schema.types import SCHEMA_VERSION
 
-OLDEST_SUPPORTED = 3  # the reader understands exactly this range
+OLDEST_SUPPORTED = 4  # the reader understands exactly this range
 SCHEMA_ID = f"https://dctms.dev/schema/plan-v{SCHEMA_VERSION}.json"
 
 

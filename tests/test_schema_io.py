@@ -178,6 +178,19 @@ def test_a_v2_plan_with_op_indices_is_refused_in_one_line(tiny_plan_bytes: bytes
     )
 
 
+def test_a_v3_plan_is_refused_in_one_line(tiny_plan_bytes: bytes) -> None:
+    # Schema 4 added Weights.fused; a version 3 plan predates it (and the compiler's rewrites).
+    def as_v3(document: dict) -> None:
+        document["schema_version"] = 3
+
+    with pytest.raises(PlanError) as err:
+        decode_plan(_mutated(tiny_plan_bytes, as_v3), "v3.plan")
+    assert str(err.value) == (
+        f"v3.plan: plan schema_version 3 is older than this dctms ({SCHEMA_VERSION}): "
+        "recompile it with `dctms compile`"
+    )
+
+
 @pytest.mark.parametrize("version", ["1", 1.5, True, None])
 def test_non_integer_schema_version_is_a_schema_error(tiny_plan_bytes: bytes, version) -> None:
     with pytest.raises(PlanError) as err:
