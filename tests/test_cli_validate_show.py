@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from dctms.cli import main as cli
-from dctms.schema.types import Plan
+from dctms.schema.types import SCHEMA_VERSION, Plan
 from dctms.views.show import show_text
 
 
@@ -86,7 +86,10 @@ def test_bad_input_messages(tmp_path, tiny_plan_bytes: bytes, capsys) -> None:
         "unknown field": "$.stats.colour: unknown field",
         "negative size": "$.phases[0].tensors[0].bytes: must be >= 0, got -16",
         "absurd size": "$.envelope.total: must be <= 9007199254740992, got 1.000e+30",
-        "newer schema": "plan schema_version 99 is newer than this dctms understands (3); upgrade dctms",
+        "newer schema": (
+            f"plan schema_version 99 is newer than this dctms understands ({SCHEMA_VERSION}); "
+            "upgrade dctms"
+        ),
     }
     assert set(expected) == set(BAD_INPUTS)
     for kind, message in expected.items():
