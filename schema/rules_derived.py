@@ -17,7 +17,8 @@ here, so an edit that lowers it (and re-stamps the digest) is still refused:
 - ``run_ahead``: a tensor lives until its last read *widened* by the plan's
   ``run_ahead_dispatches``: MLX's host may schedule ops that many encoder dispatches ahead of the
   worker before the reader has run, capped at the segment's sync point. Dispatches per op follow
-  from the plan: 1 for an op whose outputs are all views, 3 for ``DynamicSliceUpdate`` and
+  from the plan: 1 for an op whose outputs are all views (a donated output is not: its op still
+  runs a kernel), 3 for ``DynamicSliceUpdate`` and
   ``SliceUpdate``, 2 otherwise (``dctms.toolkit.memory_model``'s counts).
 """
 
@@ -27,6 +28,7 @@ import bisect
 import math
 from collections.abc import Iterator
 
+from dctms.schema.aliasing import DONATING
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.rules_runner import runnable
 from dctms.schema.sizes import ITEMSIZE, is_arena_tenant, run_ahead_end
@@ -124,7 +126,7 @@ def _phase_run_ahead(px: PhaseIndex, budget: int) -> Iterator[Finding]:
         op = phase.ops[op_position]
         if op.primitive in THREE_DISPATCHES:
             dispatches.append(3)
-        elif op.outputs and all(t in views for t in op.outputs):
+        elif op.outputs and all(t in views for t in op.outputs) and op.primitive not in DONATING:
             dispatches.append(1)
         else:
             dispatches.append(2)
@@ -162,9 +164,7 @@ def _phase_run_ahead(px: PhaseIndex, budget: int) -> Iterator[Finding]:
             reads = [position_of[c] for c in px.consumers.get(t.id, ()) if c in position_of]
             for v in px.views_of.get(t.id, ()):
                 reads += [
-                    position_of[c]
-                    for c in px.consumers.get(tensors[v].id, ())
-                    if c in position_of
+                    position_of[c] for c in px.consumers.get(tensors[v].id, ()) if c in position_of
                 ]
             k = max([position_of[producer], *reads])
             if t.id in outputs:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dctms.schema import (
     rules_derived,
     rules_distributed,
+    rules_donation,
     rules_draft,
     rules_graph,
     rules_lengths,
@@ -64,6 +65,7 @@ RULES: dict[str, Rule] = {
     "interval_producer": rules_memory.interval_producer,
     "interval_last_use": rules_memory.interval_last_use,
     "view_root": rules_memory.view_root,
+    "donation": rules_donation.donation,
     "scratch": rules_memory.scratch,
     "arena_overlap": rules_memory.arena_overlap,
     "buffer_overlap": rules_memory.buffer_overlap,

@@ -255,6 +255,7 @@ def plan_model(
                 fits.get(tp.name),
                 _candidates(fits.get(tp.name), opts),
                 say,
+                donation=settings.backend == "cpu",
             )
         )
     return ModelPart(
@@ -698,17 +699,18 @@ def plan_phase(
     lengths: LengthFit | None = None,
     candidates: list[tuple[int, ...]] | None = None,
     say: Callable[[str], None] | None = None,
+    donation: bool = True,
 ) -> Phase:
     """Passes 2-4 on one traced phase (schedule, lifetimes, assign), the length points that keep
     the bound's lifetimes (pass 3b), then emit its record."""
     views = {i for i, op in enumerate(tp.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
     sched = build_schedule(tp, views, ridge, sync_every)
-    lives = analyse(tp, sched)
+    lives = analyse(tp, sched, donation)
     placement = assign_arena(lives, alignment, pack_seconds)
     phase = emit_phase(tp, sched, lives, placement, allocator_slack)
     if lengths is None:
         return phase
-    points, dropped = verified_points(tp, lengths, sched, lives, candidates or [])
+    points, dropped = verified_points(tp, lengths, sched, lives, candidates or [], donation)
     if dropped and say:
         say(f"{tp.name}: {len(dropped)} length points left out (first: {dropped[0]})")
     return msgspec.structs.replace(phase, lengths=emit_lengths(tp, sched, lengths, points))

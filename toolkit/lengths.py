@@ -221,6 +221,7 @@ def verified_points(
     sched: Schedule,
     bound_lives: PhaseLives,
     candidates: Sequence[tuple[int, ...]],
+    donation: bool = True,
 ) -> tuple[list[tuple[int, ...]], list[str]]:
     """The candidates at which the lifetime pass gives the bound's decisions with sizes no larger
     (point 3 of the module docstring), the bound first; and why each other one was dropped."""
@@ -228,7 +229,7 @@ def verified_points(
     for point in candidates:
         if tuple(point) == lf.bound:
             continue
-        why = _differs(bound_lives, analyse(instantiate(phase, lf, point), sched))
+        why = _differs(bound_lives, analyse(instantiate(phase, lf, point), sched, donation))
         if why:
             dropped.append(f"{point}: {why}")
         else:

@@ -15,14 +15,25 @@ for op j, either active memory is within the limit (and op j adds at most the la
 or the worker is at most one partial task -- ``RUN_AHEAD_DISPATCHES`` dispatches -- behind: a
 tensor read last by op k may still be alive at op j when fewer than that many dispatches lie
 between them. A sync point (``mx.eval`` returning) drains everything.
+
+Donation: an elementwise op's output is planned in its input's buffer (a view of that input's root)
+when MLX is certain to donate it (``schema.aliasing``): the input is the op's only read of it in the
+whole phase, it owns its buffer (an allocation, or itself a donated output), it was made in the same
+segment by an op with one output, it is neither a phase output nor in an ``mx.eval`` list, and it
+has the output's itemsize and a buffer no more than ``DONATION_SLACK_BYTES`` larger. Then, when MLX's
+host reaches the op, nothing but the op holds the input: its producer has been evaluated and
+detached, no other op reads it, the runner has dropped its own reference before ``mx.eval`` and
+a worker's pending task holds only the inputs of ops it reads (an input donated on is left out of
+that set, mlx/backend/cpu/eval.cpp). Any donation left out of the plan only lowers real memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dctms.schema.sizes import nbytes, run_ahead_end
-from dctms.toolkit.memory_model import Layout, op_memory, row_major
+from dctms.schema.aliasing import DONATION_SLACK_BYTES
+from dctms.schema.sizes import ITEMSIZE, nbytes, run_ahead_end
+from dctms.toolkit.memory_model import Layout, donated_layout, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
 
@@ -50,7 +61,8 @@ class PhaseLives:
     dispatches: list[int]
 
 
-def analyse(phase: TracedPhase, sched: Schedule) -> PhaseLives:
+def analyse(phase: TracedPhase, sched: Schedule, donation: bool = True) -> PhaseLives:
+    """Pass 3 on one phase; ``donation`` plans MLX's certain donations (the CPU backend's rules)."""
     ops = phase.ops
     order = sched.order
     n = len(order)
@@ -76,6 +88,10 @@ def analyse(phase: TracedPhase, sched: Schedule) -> PhaseLives:
         leaf_kind[c.id] = "constant"
 
     outputs = {b.id: b.kind for b in phase.outputs}
+    # Tensors MLX may donate, as far as the graph and the sync points say (module doc).
+    donors = _sole_reads(phase, sched) if donation else set()
+    made_at: dict[str, int] = {}  # tensor -> execution position of its producer
+    donated: set[str] = set()  # outputs planned in a donated buffer
     lives: dict[str, Life] = {}
     keep_alive: list[tuple[str, str]] = []  # (source root, copy) pairs
     scratch = [0] * n
@@ -105,7 +121,24 @@ def analyse(phase: TracedPhase, sched: Schedule) -> PhaseLives:
             info = phase.tensors[t]
             size = nbytes(info.shape, info.dtype)
             layout[t] = eff.layout
-            if eff.kind in ("view", "inplace"):
+            made_at[t] = pos
+            donor = None
+            if eff.donors and len(op.outputs) == 1 and t not in outputs:
+                donor = next(
+                    (
+                        op.inputs[k]
+                        for k in eff.donors
+                        if _donatable(
+                            op.inputs[k], info, pos, donors, donated, lives, made_at, segment_end
+                        )
+                    ),
+                    None,
+                )
+            if donor is not None:
+                layout[t] = donated_layout(layout[donor], info.shape)
+                lives[t] = Life(t, info.shape, info.dtype, size, "view", root_of(donor), pos, pos)
+                donated.add(t)
+            elif eff.kind in ("view", "inplace"):
                 kind = "view" if eff.kind == "view" else "state"
                 lives[t] = Life(
                     t, info.shape, info.dtype, size, kind, root_of(op.inputs[eff.source]), pos, pos
@@ -156,3 +189,43 @@ def _read(lives: dict[str, Life], t: str, pos: int, root_of) -> None:
     root = root_of(t)
     if root != t and root in lives:
         lives[root].end = max(lives[root].end, pos)
+
+
+def _sole_reads(phase: TracedPhase, sched: Schedule) -> set[str]:
+    """Tensors made by a one-output op, read exactly once in the phase, neither phase outputs nor
+    passed to ``mx.eval``: once their reader runs, nothing else can hold them."""
+    reads: dict[str, int] = {}
+    single: set[str] = set()
+    for op in phase.ops:
+        for t in op.inputs:
+            reads[t] = reads.get(t, 0) + 1
+        if len(op.outputs) == 1:
+            single.add(op.outputs[0])
+    held = {b.id for b in phase.outputs}
+    for seg in sched.segments:
+        held.update(seg.evaluate)
+    return {t for t in single if reads.get(t) == 1 and t not in held}
+
+
+def _donatable(
+    x: str,
+    out,
+    pos: int,
+    candidates: set[str],
+    donated: set[str],
+    lives: dict[str, Life],
+    made_at: dict[str, int],
+    segment_end: list[int],
+) -> bool:
+    """Whether MLX is certain to donate input ``x`` to the output ``out`` of the op at ``pos``."""
+    life = lives.get(x)
+    if x not in candidates or life is None:
+        return False
+    owns = (life.kind == "intermediate" and life.root is None) or x in donated
+    if not owns or segment_end[made_at[x]] != segment_end[pos]:
+        return False
+    root = lives[life.root] if x in donated else life
+    return (
+        ITEMSIZE[life.dtype] == ITEMSIZE[out.dtype]
+        and root.bytes <= nbytes(out.shape, out.dtype) + DONATION_SLACK_BYTES
+    )

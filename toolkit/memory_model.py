@@ -12,8 +12,12 @@ mlx/backend/cpu at the pinned version) and, where it cannot be sure, errs toward
 * Scratch: temporaries MLX allocates inside an op (matmul's contiguous copies, QuantizedMatmul's
   ``ensure_row_contiguous``, the 8-byte dynamic offset of DynamicSlice(Update)).
 * In-place: a DynamicSliceUpdate of a state input writes into the state (the runner drops its own
-  reference first, so MLX donates the buffer). Other donation is *not* modelled: it only ever lowers
-  real memory below the plan.
+  reference first, so MLX donates the buffer).
+* Donation: an elementwise op (``schema.aliasing.DONATING``) lists the inputs MLX would try to write
+  its output into (``Effect.donors``, in MLX's order, those whose layout allows it). Whether MLX
+  *can* donate depends on who else holds the input; ``toolkit.lifetimes`` decides that from the
+  graph and the schedule, and plans the output as an alias only where MLX's reference counts are
+  certain to allow it. Any donation it leaves out only ever lowers real memory below the plan.
 """
 
 from __future__ import annotations
@@ -23,85 +27,9 @@ import math
 from dataclasses import dataclass
 
 from dctms.schema import rules_derived as schema_derived
+from dctms.schema.aliasing import BINARY, DONATING, RESHAPES, UNARY, VIEW_ALWAYS
 from dctms.schema.sizes import nbytes
 
-VIEW_ALWAYS = frozenset(
-    {
-        "Broadcast",
-        "BroadcastAxes",
-        "ExpandDims",
-        "Squeeze",
-        "Transpose",
-        "Slice",
-        "StopGradient",
-        "Copy",
-        "Depends",
-        "AsStrided",
-        "Split",
-    }
-)
-RESHAPES = frozenset({"Reshape", "Flatten", "Unflatten"})
-UNARY = frozenset(
-    {
-        "Abs",
-        "ArcCos",
-        "ArcCosh",
-        "ArcSin",
-        "ArcSinh",
-        "ArcTan",
-        "ArcTanh",
-        "AsType",
-        "Ceil",
-        "Conjugate",
-        "Cos",
-        "Cosh",
-        "Erf",
-        "ErfInv",
-        "Exp",
-        "Expm1",
-        "Floor",
-        "Imag",
-        "Log",
-        "Log1p",
-        "LogicalNot",
-        "Negative",
-        "Real",
-        "Round",
-        "Sigmoid",
-        "Sign",
-        "Sin",
-        "Sinh",
-        "Sqrt",
-        "Square",
-        "Tan",
-        "Tanh",
-    }
-)
-BINARY = frozenset(
-    {
-        "Add",
-        "ArcTan2",
-        "BitwiseBinary",
-        "Divide",
-        "DivMod",
-        "Equal",
-        "FloorDivide",
-        "Greater",
-        "GreaterEqual",
-        "Less",
-        "LessEqual",
-        "LogAddExp",
-        "LogicalAnd",
-        "LogicalOr",
-        "Maximum",
-        "Minimum",
-        "Multiply",
-        "NotEqual",
-        "Power",
-        "Remainder",
-        "Subtract",
-    }
-)
 # Ops that copy a non-contiguous last axis into a temporary which then becomes the output.
 LAST_AXIS_CONTIGUOUS = frozenset({"Softmax"})
 _SIZE_CAP = 2**31 - 1  # collapse_contiguous_dims default size cap
@@ -171,6 +99,8 @@ class Effect:
     source: int | None  # input index whose buffer a view or in-place update uses
     layout: Layout
     keep_source: bool = False  # a predicted copy that also keeps its source alive (see module doc)
+    # inputs MLX would write this output into if it may donate them, in the order it tries them
+    donors: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -203,10 +133,14 @@ def op_memory(
     if primitive in UNARY:
         src = inputs[0]
         out = _like(src, shape) if src.contiguous else row_major(shape)
-        return OpMemory((Effect("alloc", None, out),), 0, 2)
+        # AsType to its own dtype returns early when donated (no kernel dispatch): not donating.
+        same_type = primitive == "AsType" and input_dtypes[0] == out_dtypes[0]
+        donors = (0,) if src.contiguous and not same_type else ()
+        return OpMemory((Effect("alloc", None, out, donors=donors),), 0, 2)
     if primitive in BINARY:
         out = _binary_layout(inputs[0], inputs[1], shape)
-        return OpMemory(tuple(Effect("alloc", None, out) for _ in out_shapes), 0, 2)
+        donors = _binary_donors(inputs[0], inputs[1], shape) if primitive in DONATING else ()
+        return OpMemory(tuple(Effect("alloc", None, out, donors=donors) for _ in out_shapes), 0, 2)
     if primitive == "Select":
         if all(i.data_size == 1 for i in inputs):
             out = Layout(shape, inputs[0].strides, 1, True, True, True)
@@ -214,13 +148,12 @@ def op_memory(
             out = _like(inputs[0], shape)
         else:
             out = row_major(shape)
-        return OpMemory((Effect("alloc", None, out),), 0, 2)
+        return OpMemory((Effect("alloc", None, out, donors=_select_donors(inputs)),), 0, 2)
     if primitive in LAST_AXIS_CONTIGUOUS:
         src = inputs[0]
         ok = src.contiguous and (len(src.strides) == 0 or src.strides[-1] == 1)
-        return OpMemory(
-            (Effect("alloc", None, _like(src, shape) if ok else row_major(shape)),), 0, 2
-        )
+        out = _like(src, shape) if ok else row_major(shape)
+        return OpMemory((Effect("alloc", None, out, donors=(0,) if ok else ()),), 0, 2)
     if primitive in ("DynamicSliceUpdate", "SliceUpdate"):
         scratch = DYNAMIC_OFFSET_BYTES if primitive == "DynamicSliceUpdate" else 0
         src = inputs[0]
@@ -338,6 +271,37 @@ def _binary_layout(a: Layout, b: Layout, shape: tuple[int, ...]) -> Layout:
     if (a.row and b.row) or (a.col and b.col):
         return _like(a, shape)
     return row_major(shape)
+
+
+def _binary_donors(a: Layout, b: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
+    # set_binary_op_output_data: which inputs each binary op type may donate, in MLX's order.
+    if a.data_size == 1 and b.data_size == 1:
+        return ()  # ScalarScalar
+    if a.data_size == 1 and b.contiguous:
+        return (1,)  # ScalarVector
+    if b.data_size == 1 and a.contiguous:
+        return (0,)  # VectorScalar
+    if (a.row and b.row) or (a.col and b.col):
+        return (0, 1)  # VectorVector
+    size = math.prod(shape)  # General: a row-contiguous input of the output's size
+    return tuple(k for k, x in enumerate((a, b)) if x.row and math.prod(x.shape) == size)
+
+
+def _select_donors(inputs: list[Layout]) -> tuple[int, ...]:
+    # set_ternary_op_output_data: condition, x, y in that order; outside VectorVectorVector only
+    # row-contiguous ones. (The condition is bool, so the itemsize check rules it out for a float
+    # output.)
+    if all(i.data_size == 1 for i in inputs):
+        return ()  # ScalarScalarScalar
+    if all(i.row for i in inputs) or all(i.col for i in inputs):
+        return (0, 1, 2)
+    return tuple(k for k, x in enumerate(inputs) if x.row)
+
+
+def donated_layout(donor: Layout, shape: tuple[int, ...]) -> Layout:
+    """An output that took ``donor``'s buffer: MLX's ``copy_shared_buffer`` gives it the donor's
+    strides, data size and flags."""
+    return _like(donor, shape)
 
 
 def _view(primitive: str, args: list, src: Layout, shape: tuple[int, ...]) -> Effect:
