@@ -12,7 +12,8 @@ primitive, one per class:
 * gather / dynamic slice / a copying slice: read only what is gathered (the output's size in the
   source's dtype), not the whole table.
 * KV update (DynamicSliceUpdate into the state, done in place): read and write the update only.
-* views move nothing. A view input (a broadcast KV cache, a slice) is read once: at most its
+* views move nothing. An elementwise op writing into a donated input (its output a view of that
+  input's root, ``schema.aliasing``) still reads its inputs and writes its output. A view input (a broadcast KV cache, a slice) is read once: at most its
   root's bytes, at most its own logical bytes.
 * ``scratch`` (temporaries MLX makes inside an op, e.g. matmul's contiguous copies of a broadcast
   cache) is written once and read once.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dctms.schema.aliasing import DONATING
 from dctms.schema.sizes import ITEMSIZE
 from dctms.schema.types import Op, Phase
 
@@ -142,7 +144,7 @@ def op_class(primitive: str, outputs: list[Value]) -> str:
         return "attention"
     if primitive in KV_UPDATE:
         return "kv update"
-    if outputs and all(v.is_view for v in outputs):
+    if outputs and all(v.is_view for v in outputs) and primitive not in DONATING:
         return "view"
     if primitive in REDUCTION:
         return "reduction"
@@ -172,7 +174,12 @@ def op_flops(primitive: str, inputs: list[Value], outputs: list[Value]) -> float
 
 def op_cost(op: Op, values: PhaseValues) -> OpCost:
     """The roofline cost of one op of the phase ``values`` was built from."""
-    if op.primitive not in KV_UPDATE and op.outputs and all(map(values.is_view, op.outputs)):
+    if (
+        op.primitive not in KV_UPDATE
+        and op.primitive not in DONATING
+        and op.outputs
+        and all(map(values.is_view, op.outputs))
+    ):
         return VIEW  # most ops of a phase: decided without building their values
     ins = [values.value(i) for i in op.inputs]
     outs = [values.value(o) for o in op.outputs]
@@ -202,7 +209,7 @@ def op_cost(op: Op, values: PhaseValues) -> OpCost:
         for v in rest:
             moved[v.kind] += v.read_bytes
         for o in outs:
-            if not o.is_view:
+            if not o.is_view or op.primitive in DONATING:  # written in place, but written
                 moved["activations"] += o.logical_bytes
     moved["scratch"] = 2 * op.scratch
     return OpCost(cls, op_flops(op.primitive, ins, outs), **moved)

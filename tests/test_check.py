@@ -167,10 +167,12 @@ def test_sync_every_is_checked_exactly(tmp_path: Path, capsys) -> None:
     args = [str(config), "-N", "8", "-M", "4", "--sync-every", "1", "-q", "-o", str(plan)]
     assert cli(["compile", *args]) == 0
     assert cli(["check", str(plan)]) == 0
-    # The same plan compiled without --sync-every has fewer sync points: a different plan.
+    # The same plan compiled without --sync-every has fewer sync points: a different plan (its
+    # first difference may come earlier: fewer sync points let MLX donate more buffers).
     other = dctms.compile_plan(config, 8, 4)
-    diff = first_difference(dctms.read_plan(plan), other)
-    assert diff is not None and "sync_points" in diff
+    assert first_difference(dctms.read_plan(plan), other) is not None
+    recorded = dctms.read_plan(plan).phases[0]
+    assert len(recorded.sync_points) > len(other.phases[0].sync_points)
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, plan_file: Path, compiled, capsys) -> None:

@@ -105,9 +105,36 @@ def _two_segments(plan: Plan) -> Plan:
     )
 
 
+def _donated(plan: Plan, **t3) -> Plan:
+    """A valid variant where Maximum (op 4) writes t3 into t2's buffer, which MLX donates: t2 is
+    read by op 4 alone, in the same segment, and is not evaluated. ``t3`` changes t3 further."""
+    tensors = []
+    for t in P0(plan).tensors:
+        if t.id == "t3":
+            t = replace(t, **{"view_of": "t2", "buffer": None, "offset": None, **t3})
+        elif t.id == "t2":
+            t = replace(t, interval=[2, 4])
+        elif t.id == "out":
+            t = replace(t, buffer=0, offset=0)
+        tensors.append(t)
+    plan = replace(plan, stats=replace(plan.stats, logical_tensors=4, reduction=0.5))
+    return phase(plan, tensors=tensors)
+
+
+def _donated_ops(plan: Plan, **op4) -> Plan:
+    return op(_donated(plan), 4, **op4)
+
+
+def _donated_sync(plan: Plan, evaluate: list[str], slot: int = 4) -> Plan:
+    extra = [SyncPoint(slot, "end of layer 0", evaluate=evaluate)] if slot != 4 else []
+    last = SyncPoint(4, "sample next token", evaluate=["k_out", "out", *evaluate])
+    return phase(_donated(plan), sync_points=[*extra, last] if extra else [last])
+
+
 # ------------------------------------------------------------------------------- one case per break
 
 Break = Callable[[Plan], Plan]
+
 
 def _with_lengths(plan: Plan, **changes) -> Plan:
     """The tiny decode phase as a real-length phase over its attention window: a consistent record
@@ -126,7 +153,9 @@ CASES: list[tuple[str, str, Break]] = [
     (
         "unique_ids",
         "tensor record without producer",
-        lambda p: phase(p, tensors=P0(p).tensors + [Intermediate("ghost", [1], "uint8", 1, [0, 0])]),
+        lambda p: phase(
+            p, tensors=P0(p).tensors + [Intermediate("ghost", [1], "uint8", 1, [0, 0])]
+        ),
     ),
     (
         "unique_ids",
@@ -457,6 +486,21 @@ CASES: list[tuple[str, str, Break]] = [
         lambda p: binding(p, "outputs", "out", id="t3", kind="output"),
     ),
     ("bindings", "output binding shape differs", lambda p: binding(p, "outputs", "out", shape=[2])),
+    ("donation", "a matmul aliases its input", lambda p: _donated_ops(p, primitive="Matmul")),
+    ("donation", "two outputs", lambda p: _donated_ops(p, outputs=["t3", "t3b"])),
+    ("donation", "the donor read twice", lambda p: _donated_ops(p, inputs=["t2", "t2"])),
+    ("donation", "the donor evaluated", lambda p: _donated_sync(p, ["t2"])),
+    ("donation", "a sync point between", lambda p: _donated_sync(p, ["t2"], slot=2)),
+    ("donation", "a constant donated", lambda p: _donated(p, view_of="c_floor")),
+    ("donation", "another itemsize", lambda p: _donated(p, dtype="float32", bytes=32)),
+    (
+        "donation",
+        "the output is evaluated",
+        lambda p: phase(
+            _donated(p),
+            sync_points=[SyncPoint(4, "sample next token", evaluate=["k_out", "out", "t3"])],
+        ),
+    ),
     ("fused_weights", "a fused weight of one part", lambda p: fused(p, ["emb2"])),
     ("fused_weights", "a part that is not a weight", lambda p: fused(p, ["emb2", "nope"])),
     ("fused_weights", "a part named twice", lambda p: fused(p, ["emb2", "emb2"])),
@@ -556,13 +600,23 @@ CASES: list[tuple[str, str, Break]] = [
     ),
     # what the runner looks up and the indices it feeds (schema/rules_runner.py)
     ("runner_names", "a prefill phase without last_index", lambda p: _with_prefill(p)),
-    ("runner_names", "decode input renamed", lambda p: _with_prefill(binding(p, "inputs", "pos", name="pos"))),
-    ("runner_names", "next_token renamed", lambda p: _with_prefill(binding(p, "outputs", "out", name="token"))),
+    (
+        "runner_names",
+        "decode input renamed",
+        lambda p: _with_prefill(binding(p, "inputs", "pos", name="pos")),
+    ),
+    (
+        "runner_names",
+        "next_token renamed",
+        lambda p: _with_prefill(binding(p, "outputs", "out", name="token")),
+    ),
     ("compile_request", "kv bits differ from bounds.kv", lambda p: with_request(p, kv_bits=4)),
     (
         "quantized_start",
         "a quantised KV cache without its prefill_start phase",
-        lambda p: _with_prefill(nested(p, "bounds", kv=replace(p.bounds.kv, bits=4, group_size=32))),
+        lambda p: _with_prefill(
+            nested(p, "bounds", kv=replace(p.bounds.kv, bits=4, group_size=32))
+        ),
     ),
     (
         "quantized_start",
@@ -578,7 +632,11 @@ CASES: list[tuple[str, str, Break]] = [
     ),
     ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
-    ("state_capacity", "kv_capacity beyond the cache", lambda p: nested(p, "bounds", kv_capacity=17)),
+    (
+        "state_capacity",
+        "kv_capacity beyond the cache",
+        lambda p: nested(p, "bounds", kv_capacity=17),
+    ),
     ("state_capacity", "cache written at a constant", lambda p: _state_written_at(p, "c_half")),
     ("state_capacity", "a ring written at the position", lambda p: _ring(p, slots=16)),
     ("op_arguments", "a shape of 10^12", lambda p: op(p, 1, args=[[10**12, 8]])),
@@ -586,30 +644,62 @@ CASES: list[tuple[str, str, Break]] = [
     ("persistent_state", "no persistent state", lambda p: _with_prefill(p)),
     ("runtime_floor", "runtime below the process baseline", lambda p: _with_prefill(p)),
     ("dynamic_scratch", "DynamicSliceUpdate without its offset", lambda p: _no_dynamic_scratch(p)),
-    ("run_ahead", "run-ahead declared, lifetimes not widened",
-     lambda p: nested(p, "target", run_ahead_dispatches=10)),  # fmt: skip
+    (
+        "run_ahead",
+        "run-ahead declared, lifetimes not widened",
+        lambda p: nested(p, "target", run_ahead_dispatches=10),
+    ),  # fmt: skip
     # speculative decoding (schema/rules_draft.py; tests/test_speculative.py breaks real plans)
-    ("speculative", "envelope parts without a draft",
-     lambda p: nested(p, "envelope", parts=[EnvelopePart("target", 256, 256, 0, 128)])),  # fmt: skip
-    ("speculative", "a verify phase without a draft",
-     lambda p: replace(p, phases=[P0(p), replace(P0(p), name="verify")])),  # fmt: skip
+    (
+        "speculative",
+        "envelope parts without a draft",
+        lambda p: nested(p, "envelope", parts=[EnvelopePart("target", 256, 256, 0, 128)]),
+    ),  # fmt: skip
+    (
+        "speculative",
+        "a verify phase without a draft",
+        lambda p: replace(p, phases=[P0(p), replace(P0(p), name="verify")]),
+    ),  # fmt: skip
     # vision-language plans (schema/rules_vision.py; tests/test_vision.py breaks real plans)
-    ("vision", "a vision phase without a vision section",
-     lambda p: replace(p, phases=[P0(p), replace(P0(p), name="vision")])),  # fmt: skip
+    (
+        "vision",
+        "a vision phase without a vision section",
+        lambda p: replace(p, phases=[P0(p), replace(P0(p), name="vision")]),
+    ),  # fmt: skip
     # a rank's plan (schema/rules_distributed.py; tests/test_distributed.py breaks real ones)
-    ("distributed", "a collective op in a one-process plan",
-     lambda p: op(p, 2, primitive="AllReduce", args=["sum"], inputs=["t1"])),  # fmt: skip
+    (
+        "distributed",
+        "a collective op in a one-process plan",
+        lambda p: op(p, 2, primitive="AllReduce", args=["sum"], inputs=["t1"]),
+    ),  # fmt: skip
     ("distributed", "rank beyond the group", lambda p: _ranked(p, rank=2)),
-    ("distributed", "a Send to itself",
-     lambda p: op(_ranked(p), 2, primitive="Send", args=[0], inputs=["t1"])),  # fmt: skip
-    ("distributed", "a pipeline split that does not sum to the layers",
-     lambda p: _ranked(p, mode="pipeline", split=[1, 1])),  # fmt: skip
-    ("distributed", "a tensor rank running part of the layers",
-     lambda p: nested(_ranked(p), "model", num_layers=2)),  # fmt: skip
-    ("distributed", "a shard that is not 1/parts of its stored tensor",
-     lambda p: _sharded(p, RankShard(stored_shape=[16, 8], axis=0, parts=2, index=1))),  # fmt: skip
-    ("distributed", "a shard in a plan of one process",
-     lambda p: _sharded(p, RankShard(stored_shape=[32, 8], axis=0, parts=2, index=1), rank=False)),  # fmt: skip
+    (
+        "distributed",
+        "a Send to itself",
+        lambda p: op(_ranked(p), 2, primitive="Send", args=[0], inputs=["t1"]),
+    ),  # fmt: skip
+    (
+        "distributed",
+        "a pipeline split that does not sum to the layers",
+        lambda p: _ranked(p, mode="pipeline", split=[1, 1]),
+    ),  # fmt: skip
+    (
+        "distributed",
+        "a tensor rank running part of the layers",
+        lambda p: nested(_ranked(p), "model", num_layers=2),
+    ),  # fmt: skip
+    (
+        "distributed",
+        "a shard that is not 1/parts of its stored tensor",
+        lambda p: _sharded(p, RankShard(stored_shape=[16, 8], axis=0, parts=2, index=1)),
+    ),  # fmt: skip
+    (
+        "distributed",
+        "a shard in a plan of one process",
+        lambda p: _sharded(
+            p, RankShard(stored_shape=[32, 8], axis=0, parts=2, index=1), rank=False
+        ),
+    ),  # fmt: skip
 ]
 
 
@@ -660,6 +750,10 @@ def _state_written_at(plan: Plan, index_id: str) -> Plan:
 
 def test_two_segment_variant_is_valid(tiny_plan: Plan) -> None:
     assert verify_plan(_two_segments(tiny_plan)) == []
+
+
+def test_a_donated_output_is_valid(tiny_plan: Plan) -> None:
+    assert verify_plan(_donated(tiny_plan)) == []
 
 
 def test_tiny_plan_is_valid(tiny_plan: Plan) -> None:
