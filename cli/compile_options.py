@@ -77,6 +77,14 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         metavar="LAYERS",
         help="also sync after every LAYERS decoder layers (default 0: phase end only)",
     )
+    parser.add_argument(
+        "--run-ahead",
+        choices=("free", "throttled"),
+        default="throttled",
+        help="how far MLX's host may run ahead of its worker: 'throttled' (default) plans the "
+        "smallest envelope and has the runner hold the host back with MLX's memory limit (slower "
+        "near the envelope's peak); 'free' plans for MLX's own bound and needs no throttle",
+    )
     kv = parser.add_argument_group("KV cache (mlx-lm's generate_step settings)")
     kv.add_argument(
         "--kv-bits",
@@ -187,6 +195,7 @@ def compile_options(
         profile=args.profile,
         hash_weights=args.hash_weights,
         sync_every=args.sync_every,
+        run_ahead=args.run_ahead,
         pack_seconds=args.pack_seconds,
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,

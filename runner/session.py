@@ -28,6 +28,7 @@ from dctms.runner.request import Request
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
+from dctms.schema.sizes import FREE_RUN_AHEAD
 from dctms.schema.types import Plan, Scratch
 
 
@@ -104,9 +105,13 @@ def op_allocations(phase) -> list[int]:
 
 
 def throttle_limit(plan: Plan) -> int:
-    """The MLX memory limit a run needs: the provable envelope minus the largest allocation one op
+    """The MLX memory limit a run needs. A plan widened by MLX's own run-ahead bound
+    (``FREE_RUN_AHEAD``) needs no throttle: the limit is the provable envelope, a brake that a
+    correct plan never reaches. A throttled plan: the envelope minus the largest allocation one op
     makes (its arena outputs plus scratch), so that an op started just under the limit still ends
     within the envelope."""
+    if plan.target.run_ahead_dispatches >= FREE_RUN_AHEAD:
+        return plan.envelope.provable
     phases = [*plan.phases, *(plan.draft.phases if plan.draft else ())]
     largest = max((max(op_allocations(p), default=0) for p in phases), default=0)
     return plan.envelope.provable - largest
@@ -165,7 +170,9 @@ class Session:
         self.decode = PhaseProgram(phases["decode"])
         self.prefill_start = PhaseProgram(phases[START]) if START in phases else None
         # float decode steps below a quantised cache's quantized_start (runner.mlx_lm_calls)
-        self.decode_start = PhaseProgram(phases["decode_start"]) if "decode_start" in phases else None
+        self.decode_start = (
+            PhaseProgram(phases["decode_start"]) if "decode_start" in phases else None
+        )
         self.quantized_start = plan.bounds.kv.quantized_start
         self.recurrent = any(s.recurrent for s in plan.state)
         # a rotating cache that keeps tokens: mlx-lm's call boundaries decide what a query sees

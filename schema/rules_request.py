@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from dctms.schema.fingerprint import canonical_config_sha256
 from dctms.schema.phase_index import PlanIndex
+from dctms.schema.sizes import RUN_AHEAD
 
 Finding = tuple[str, str]
 
@@ -55,6 +56,14 @@ def compile_request(ix: PlanIndex) -> Iterator[Finding]:
             "$.compile.kv_bits",
             f"asks for kv bits/group size {asked}, but bounds.kv records "
             f"{(b.kv.bits, b.kv.group_size)}",
+        )
+    # (0: a plan that assumes no run-ahead, as a hand-written one does, records no mode to compare)
+    budget = RUN_AHEAD[req.run_ahead] if t.backend == "cpu" else 0
+    if t.run_ahead_dispatches not in (0, budget):
+        yield (
+            "$.compile.run_ahead",
+            f"is {req.run_ahead!r} ({budget} dispatches on the {t.backend} backend), but "
+            f"target.run_ahead_dispatches is {t.run_ahead_dispatches}",
         )
     if req.device_memory != t.device_memory:
         yield (

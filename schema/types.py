@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Bound byte counts so absurd sizes (10^30) are rejected at decode time: 2^53 bytes = 8 PiB.
 MAX_BYTES = 2**53
@@ -42,6 +42,7 @@ StateKind = Literal["kv", "persistent"]
 BindingKind = Literal["input", "weight", "state", "output"]
 TensorKind = Literal["intermediate", "output", "state", "scratch"]
 ParallelMode = Literal["pipeline", "tensor"]
+RunAhead = Literal["free", "throttled"]
 
 
 class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -430,6 +431,9 @@ class CompileRequest(_Base):
     alignment: Positive = 64
     profile: Name | None = None
     sync_every: Int = 0
+    # How far MLX's host may run ahead of the worker: "throttled" (10 dispatches, held there by the
+    # runner's memory limit) or "free" (MLX's own bound, 120; no throttle).
+    run_ahead: RunAhead = "throttled"
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)

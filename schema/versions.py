@@ -16,6 +16,10 @@ coded module runs); an op's layer is the one its module path names (``schema.mod
 4, ``Weights.fused``: a weight a phase binds may be several stored tensors end to end (fused
 projections, ``schema.fused``). A version 3 plan also lacks the compiler's merged primitives and fused
 projections, so it is refused with the line that says to recompile rather than run slower.
+5, ``CompileRequest.run_ahead`` ("free": lifetimes widened by MLX's own bound on its host's run-ahead,
+no throttle; "throttled": the runner's memory limit holds it to one partial task). A version 4 plan
+also counts every elementwise output as a buffer of its own where MLX donates its input (the compiler
+now plans donation), so it is refused with the line that says to recompile.
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 from dctms.schema.errors import Problem
 from dctms.schema.types import SCHEMA_VERSION
 
-OLDEST_SUPPORTED = 4  # the reader understands exactly this range
+OLDEST_SUPPORTED = 5  # the reader understands exactly this range
 SCHEMA_ID = f"https://dctms.dev/schema/plan-v{SCHEMA_VERSION}.json"
 
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from dctms.toolkit import assign
-from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES
+from dctms.schema.sizes import FREE_RUN_AHEAD
 from dctms.toolkit.memory_model import op_memory, row_major, strided
 from dctms.toolkit.order import mlx_eval_order
 
@@ -201,10 +201,41 @@ def test_cache_update_is_in_place_only_for_state() -> None:
     assert state.scratch == other.scratch == 8  # MLX's int64 dynamic offset
 
 
-def test_run_ahead_window_is_mlx_s() -> None:
-    # Under the runner's memory-limit throttle the worker lags at most one partial task (<= 9
-    # dispatches) plus the reading op's own holder.
-    assert RUN_AHEAD_DISPATCHES == 10
+def test_mlx_runs_ahead_but_within_the_free_budget() -> None:
+    """A chain of matmuls, each output read once by the next: MLX's host schedules (allocates)
+    outputs ahead of its worker, but never more than FREE_RUN_AHEAD dispatches (two per matmul).
+    Measured here: 55-57 outputs alive at once, 110-114 dispatches (MLX's 10 full tasks of 10 and a
+    partial one), which is why the budget is 120 and not 110."""
+    import mlx.core as mx
+
+    n, links = 512, 160
+    x, w = mx.random.normal((n, n)), mx.random.normal((n, n)) / n**0.5
+    mx.eval(x, w)
+    old_limit, old_cache = mx.set_memory_limit(1 << 40), mx.set_cache_limit(0)
+    try:
+        mx.synchronize()
+        before = mx.get_active_memory()
+        mx.reset_peak_memory()
+        y = x
+        for _ in range(links):
+            y = y @ w
+        mx.eval(y)
+        alive = (mx.get_peak_memory() - before) // (n * n * 4)
+    finally:
+        mx.set_memory_limit(old_limit)
+        mx.set_cache_limit(old_cache)
+    assert 2 < alive <= FREE_RUN_AHEAD // 2 + 1
+
+
+def test_a_free_run_ahead_plan_needs_no_throttle() -> None:
+    from conftest import make_tiny_plan
+    from msgspec.structs import replace
+
+    from dctms.runner.session import throttle_limit
+
+    plan = make_tiny_plan()
+    free = replace(plan, target=replace(plan.target, run_ahead_dispatches=FREE_RUN_AHEAD))
+    assert throttle_limit(free) == plan.envelope.provable > throttle_limit(plan)
 
 
 def test_throttle_limit_leaves_room_for_the_largest_op() -> None:

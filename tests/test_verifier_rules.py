@@ -501,6 +501,11 @@ CASES: list[tuple[str, str, Break]] = [
             sync_points=[SyncPoint(4, "sample next token", evaluate=["k_out", "out", "t3"])],
         ),
     ),
+    (
+        "compile_request",
+        "a run-ahead mode the target does not record",
+        lambda p: nested(with_request(p, run_ahead="free"), "target", run_ahead_dispatches=10),
+    ),
     ("fused_weights", "a fused weight of one part", lambda p: fused(p, ["emb2"])),
     ("fused_weights", "a part that is not a weight", lambda p: fused(p, ["emb2", "nope"])),
     ("fused_weights", "a part named twice", lambda p: fused(p, ["emb2", "emb2"])),

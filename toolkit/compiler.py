@@ -19,7 +19,14 @@ import dctms
 from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256
 from dctms.schema.model_folder import ModelFolder
-from dctms.schema.sizes import cast_overshoot, is_arena_tenant, nbytes, slack_bytes
+from dctms.schema.sizes import (
+    RUN_AHEAD,
+    THROTTLED_RUN_AHEAD,
+    cast_overshoot,
+    is_arena_tenant,
+    nbytes,
+    slack_bytes,
+)
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -67,7 +74,7 @@ from dctms.toolkit.lengths import (
     single_candidates,
     verified_points,
 )
-from dctms.toolkit.lifetimes import RUN_AHEAD_DISPATCHES, PhaseLives, analyse
+from dctms.toolkit.lifetimes import PhaseLives, analyse
 from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
 from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
@@ -110,6 +117,11 @@ class CompileOptions:
     # Decoder layers per segment between sync points; 0 = the phase end only (the default: on the
     # CPU backend a per-layer sync costs ~15 % decode throughput and saves < 0.2 % of the arena).
     sync_every: int = 0
+    # How far MLX's host may run ahead of its worker (schema.sizes.RUN_AHEAD): "throttled" (the
+    # default) widens lifetimes by one partial task and has the runner hold the host back with MLX's
+    # memory limit: the smallest envelope, but near its peak the host busy-waits (on this 2-core CPU
+    # prefill at the bound ran 2x slower). "free" widens them by MLX's own bound, needs no throttle.
+    run_ahead: str = "throttled"
     # Search budget of the offset packer, shared by the phases whose greedy packing misses the
     # lower bound (a fixed amount of work, so the plan does not depend on the machine's speed).
     pack_seconds: float = 2.0
@@ -236,9 +248,7 @@ def plan_model(
     )
     if ranked:
         headers = ranked[0].headers(headers)
-    weights = fingerprint_weights(
-        traced.weights, headers, source, opts.hash_weights, traced.fused
-    )
+    weights = fingerprint_weights(traced.weights, headers, source, opts.hash_weights, traced.fused)
     ridge = ridge_point(settings.profile)
     budget = opts.pack_seconds if pack_seconds is None else pack_seconds
     phases = []
@@ -255,7 +265,7 @@ def plan_model(
                 fits.get(tp.name),
                 _candidates(fits.get(tp.name), opts),
                 say,
-                donation=settings.backend == "cpu",
+                **memory_rules(settings.backend, opts.run_ahead),
             )
         )
     return ModelPart(
@@ -538,7 +548,7 @@ def emit_plan(
             alignment=opts.alignment,
             profile=settings.profile,
             device_memory=opts.device_memory,
-            run_ahead_dispatches=RUN_AHEAD_DISPATCHES if settings.backend == "cpu" else 0,
+            run_ahead_dispatches=RUN_AHEAD[opts.run_ahead] if settings.backend == "cpu" else 0,
             allocator_slack=settings.allocator_slack,
         ),
         state=state,
@@ -689,6 +699,15 @@ class Placement:
     arena_gap_bytes: int
 
 
+def memory_rules(backend: str, run_ahead: str) -> dict:
+    """``plan_phase``'s memory-model switches for a backend: MLX's CPU donation and run-ahead
+    (``run_ahead`` "free" or "throttled"); GPU plans keep the throttled widening they always had
+    (they are not proven: their run-ahead is not modelled)."""
+    if backend != "cpu":
+        return {"donation": False, "run_ahead": THROTTLED_RUN_AHEAD}
+    return {"donation": True, "run_ahead": RUN_AHEAD[run_ahead]}
+
+
 def plan_phase(
     tp: TracedPhase,
     ridge: float,
@@ -700,17 +719,20 @@ def plan_phase(
     candidates: list[tuple[int, ...]] | None = None,
     say: Callable[[str], None] | None = None,
     donation: bool = True,
+    run_ahead: int = THROTTLED_RUN_AHEAD,
 ) -> Phase:
     """Passes 2-4 on one traced phase (schedule, lifetimes, assign), the length points that keep
     the bound's lifetimes (pass 3b), then emit its record."""
     views = {i for i, op in enumerate(tp.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
     sched = build_schedule(tp, views, ridge, sync_every)
-    lives = analyse(tp, sched, donation)
+    lives = analyse(tp, sched, donation, run_ahead)
     placement = assign_arena(lives, alignment, pack_seconds)
     phase = emit_phase(tp, sched, lives, placement, allocator_slack)
     if lengths is None:
         return phase
-    points, dropped = verified_points(tp, lengths, sched, lives, candidates or [], donation)
+    points, dropped = verified_points(
+        tp, lengths, sched, lives, candidates or [], donation, run_ahead
+    )
     if dropped and say:
         say(f"{tp.name}: {len(dropped)} length points left out (first: {dropped[0]})")
     return msgspec.structs.replace(phase, lengths=emit_lengths(tp, sched, lengths, points))

@@ -30,6 +30,7 @@ import math
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from dctms.schema.sizes import THROTTLED_RUN_AHEAD
 from dctms.toolkit.lifetimes import PhaseLives, analyse
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedBinding, TracedPhase, TracedTensor
@@ -222,6 +223,7 @@ def verified_points(
     bound_lives: PhaseLives,
     candidates: Sequence[tuple[int, ...]],
     donation: bool = True,
+    run_ahead: int = THROTTLED_RUN_AHEAD,
 ) -> tuple[list[tuple[int, ...]], list[str]]:
     """The candidates at which the lifetime pass gives the bound's decisions with sizes no larger
     (point 3 of the module docstring), the bound first; and why each other one was dropped."""
@@ -229,7 +231,9 @@ def verified_points(
     for point in candidates:
         if tuple(point) == lf.bound:
             continue
-        why = _differs(bound_lives, analyse(instantiate(phase, lf, point), sched, donation))
+        why = _differs(
+            bound_lives, analyse(instantiate(phase, lf, point), sched, donation, run_ahead)
+        )
         if why:
             dropped.append(f"{point}: {why}")
         else:

@@ -6,15 +6,21 @@ state) are not intermediates.
 
 Interval = [slot of the producer, slot of the last read], widened for MLX's CPU run-ahead: the host
 thread allocates an op's output when it *schedules* the op, while inputs are released only when the
-worker thread has *run* their last reader. Unchecked, up to 110 encoder dispatches can be
-outstanding (mlx/transforms.cpp MAX_ACTIVE_TASKS = 10 tasks x mlx/backend/cpu/encoder.h
-DISPATCHES_PER_TASK = 10, plus a partly filled task). But after every op the host also waits while
-MLX's active memory is above its memory limit and any full task is outstanding; the runner sets that
-limit to the provable envelope minus the largest single op's allocation. So when the host allocates
-for op j, either active memory is within the limit (and op j adds at most the largest allocation),
-or the worker is at most one partial task -- ``RUN_AHEAD_DISPATCHES`` dispatches -- behind: a
-tensor read last by op k may still be alive at op j when fewer than that many dispatches lie
-between them. A sync point (``mx.eval`` returning) drains everything.
+worker thread has *run* their last reader: a tensor read last by op k may still be alive at op j
+when fewer than ``run_ahead`` dispatches lie between them. Two budgets (``schema.sizes``):
+
+* ``FREE_RUN_AHEAD`` (120): MLX never lets more than 10 full tasks be outstanding
+  (mlx/transforms.cpp MAX_ACTIVE_TASKS = 10 tasks x mlx/backend/cpu/encoder.h
+  DISPATCHES_PER_TASK = 10, plus a partly filled task per stream), whatever the memory. The runner's memory
+  limit is then the envelope itself, a brake that never binds.
+* ``THROTTLED_RUN_AHEAD`` (10, the default): after every op MLX's host also waits while active memory is above
+  its memory limit and any full task is outstanding; the runner sets that limit to the provable
+  envelope minus the largest single op's allocation. So when the host allocates for op j, either
+  active memory is within the limit (and op j adds at most the largest allocation), or the worker is
+  at most one partial task behind. A smaller envelope, but MLX's wait returns at once when one task
+  is outstanding, so near the peak the host spins (on 2 cores prefill at the bound ran 2x slower).
+
+A sync point (``mx.eval`` returning) drains everything.
 
 Donation: an elementwise op's output is planned in its input's buffer (a view of that input's root)
 when MLX is certain to donate it (``schema.aliasing``): the input is the op's only read of it in the
@@ -32,12 +38,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
-from dctms.schema.sizes import ITEMSIZE, nbytes, run_ahead_end
+from dctms.schema.sizes import ITEMSIZE, THROTTLED_RUN_AHEAD, nbytes, run_ahead_end
 from dctms.toolkit.memory_model import Layout, donated_layout, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
-
-RUN_AHEAD_DISPATCHES = 10  # one partial task (<= 9 dispatches) plus the reading op's own
 
 
 @dataclass
@@ -61,8 +65,14 @@ class PhaseLives:
     dispatches: list[int]
 
 
-def analyse(phase: TracedPhase, sched: Schedule, donation: bool = True) -> PhaseLives:
-    """Pass 3 on one phase; ``donation`` plans MLX's certain donations (the CPU backend's rules)."""
+def analyse(
+    phase: TracedPhase,
+    sched: Schedule,
+    donation: bool = True,
+    run_ahead: int = THROTTLED_RUN_AHEAD,
+) -> PhaseLives:
+    """Pass 3 on one phase; ``donation`` plans MLX's certain donations (the CPU backend's rules),
+    ``run_ahead`` is the dispatches MLX's host may be ahead of its worker (``schema.sizes``)."""
     ops = phase.ops
     order = sched.order
     n = len(order)
@@ -169,7 +179,7 @@ def analyse(phase: TracedPhase, sched: Schedule, donation: bool = True) -> Phase
         prefix[q + 1] = prefix[q] + dispatches[q]
 
     def widen(k: int) -> int:
-        return run_ahead_end(prefix, k, segment_end[k], RUN_AHEAD_DISPATCHES)
+        return run_ahead_end(prefix, k, segment_end[k], run_ahead)
 
     slot_interval: dict[str, tuple[int, int]] = {}
     for t, life in lives.items():
