@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from dctms.toolkit import assign
 from dctms.schema.sizes import FREE_RUN_AHEAD
+from dctms.toolkit import assign
 from dctms.toolkit.memory_model import op_memory, row_major, strided
 from dctms.toolkit.order import mlx_eval_order
 

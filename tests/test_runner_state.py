@@ -197,3 +197,39 @@ def test_token_latencies_and_ttft_cover_the_whole_generation(session, monkeypatc
     last = next(ticks) - 1  # the clock's last reading inside generate
     assert len(gen.tokens) == 6
     assert gen.ttft_s + sum(gen.token_latencies_s) == last
+
+
+def test_a_free_run_ahead_plan_holds_without_the_throttle(model):
+    """A plan compiled with ``run_ahead="free"`` widens lifetimes by MLX's own run-ahead bound, so
+    each phase stays within its arena with no memory-limit throttle at all (the limit far away)."""
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.compiler import CompileOptions, compile_plan
+
+    _, folder = model
+    opts = CompileOptions(N, M, prefill_chunk=CHUNK, run_ahead="free")
+    plan = compile_plan(open_model(folder), opts)
+    throttled = load_checked_plan(model[0])
+    phases = {p.name: p for p in plan.phases}
+    assert phases["prefill"].arena_bytes >= throttled.phases[0].arena_bytes
+    memory, cache = mx.get_memory_limit(), mx.set_cache_limit(0)
+    try:
+        session = Session(plan, open_model_folder(folder))
+        mx.set_memory_limit(1 << 40)
+        base = mx.get_active_memory()
+        mx.reset_peak_memory()
+        token = session._prefill(prompt(40))
+        prefill_peak = mx.get_peak_memory() - base
+        mx.reset_peak_memory()
+        for step in range(M - 1):
+            out = session.decode.run(
+                {"tokens": token, "position": mx.array(40 + step, dtype=mx.int32)},
+                session.weights,
+                session.state,
+            )
+            token = out["next_token"]
+        decode_peak = mx.get_peak_memory() - base
+    finally:
+        mx.set_memory_limit(memory)
+        mx.set_cache_limit(cache)
+    assert 0 < prefill_peak <= phases["prefill"].arena_bytes + phases["prefill"].slack_bytes
+    assert 0 < decode_peak <= phases["decode"].arena_bytes + phases["decode"].slack_bytes
