@@ -425,7 +425,9 @@ def test_malformed_safetensors_header_is_one_line(model, copy_of, header):
 def test_gpu_plan_without_a_gpu_is_refused(model, tmp_path):
     plan_path, folder = model
     plan = read_plan(plan_path)
-    gpu = msgspec.structs.replace(plan, target=msgspec.structs.replace(plan.target, backend="gpu"))
+    # a GPU plan records no run-ahead (it is not modelled there)
+    target = msgspec.structs.replace(plan.target, backend="gpu", run_ahead_dispatches=0)
+    gpu = msgspec.structs.replace(plan, target=target)
     # the GPU runner process's baseline is larger (the verifier's runtime_floor re-derives it)
     extra = 128 * 2**20
     env = gpu.envelope
