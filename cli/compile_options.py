@@ -80,10 +80,11 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
     parser.add_argument(
         "--run-ahead",
         choices=("free", "throttled"),
-        default="throttled",
-        help="how far MLX's host may run ahead of its worker: 'throttled' (default) plans the "
-        "smallest envelope and has the runner hold the host back with MLX's memory limit (slower "
-        "near the envelope's peak); 'free' plans for MLX's own bound and needs no throttle",
+        default="free",
+        help="how far MLX's host may run ahead of its worker: 'free' (default) plans for MLX's own "
+        "bound and needs no throttle; 'throttled' plans a smaller envelope (~3 %%) and has the "
+        "runner hold the host back with MLX's memory limit (prefill near the envelope's peak is "
+        "slower)",
     )
     kv = parser.add_argument_group("KV cache (mlx-lm's generate_step settings)")
     kv.add_argument(

@@ -88,7 +88,7 @@ def compile_plan(
     alignment: int = 64,
     profile: str | None = None,
     sync_every: int = 0,
-    run_ahead: Literal["throttled", "free"] = "throttled",
+    run_ahead: Literal["free", "throttled"] = "free",
     hash_weights: bool = False,
     pack_seconds: float = 2.0,
     real_lengths: bool = True,
@@ -112,9 +112,9 @@ def compile_plan(
     "16GiB") is recorded as the device budget: ``plan.envelope.free`` is then what is left (negative
     when M_max does not fit). The other options are ``dctms compile``'s (see its ``--help``).
     ``pack_seconds`` is the offset packer's search budget (a fixed amount of work, so the plan
-    does not depend on the machine). ``run_ahead`` is ``--run-ahead``: "throttled" (the smallest
-    envelope; the runner's memory limit holds MLX's host back) or "free" (MLX's own run-ahead
-    bound, no throttle). ``real_lengths=False`` leaves out the length points the runner
+    does not depend on the machine). ``run_ahead`` is ``--run-ahead``: "free" (MLX's own run-ahead
+    bound, no throttle) or "throttled" (a smaller envelope; the runner's memory limit holds MLX's
+    host back). ``real_lengths=False`` leaves out the length points the runner
     runs short calls at (fixed, padded phases; the envelope is the same); ``token_step`` and
     ``window_step`` set their grid (``dctms compile --token-step/--window-step``). ``ranks`` > 1
     with ``parallel`` compiles rank ``rank`` of the model split by mlx-lm's ``pipeline`` (``split``:
@@ -194,7 +194,7 @@ def fit(
     alignment: int = 64,
     profile: str | None = None,
     sync_every: int = 0,
-    run_ahead: Literal["throttled", "free"] = "throttled",
+    run_ahead: Literal["free", "throttled"] = "free",
     hash_weights: bool = False,
     pack_seconds: float = 2.0,
     real_lengths: bool = True,

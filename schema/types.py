@@ -431,9 +431,9 @@ class CompileRequest(_Base):
     alignment: Positive = 64
     profile: Name | None = None
     sync_every: Int = 0
-    # How far MLX's host may run ahead of the worker: "throttled" (10 dispatches, held there by the
-    # runner's memory limit) or "free" (MLX's own bound, 120; no throttle).
-    run_ahead: RunAhead = "throttled"
+    # How far MLX's host may run ahead of the worker: "free" (MLX's own bound, 120 dispatches; no
+    # throttle) or "throttled" (10, held there by the runner's memory limit).
+    run_ahead: RunAhead = "free"
     hash_weights: bool = False
     pack_seconds: NonNegFloat = 2.0  # the packer's search budget (a fixed amount of work)
     real_lengths: bool = True  # False: fixed phases without length points (dctms fit's probes)

@@ -50,7 +50,9 @@ def model(tmp_path_factory) -> tuple[Path, Path]:
 
     folder = tmp_path_factory.mktemp("state-model")
     write_tiny_model(folder, CONFIG, seed=3)
-    plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK))
+    # throttled: test_each_phase_peak_stays_within_its_arena checks the throttle's run-ahead bound
+    opts = CompileOptions(N, M, prefill_chunk=CHUNK, run_ahead="throttled")
+    plan = compile_plan(open_model(folder), opts)
     write_plan(plan, folder / "model.plan")
     return folder / "model.plan", folder
 

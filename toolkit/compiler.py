@@ -20,6 +20,7 @@ from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.sizes import (
+    FREE_RUN_AHEAD,
     RUN_AHEAD,
     THROTTLED_RUN_AHEAD,
     cast_overshoot,
@@ -117,11 +118,11 @@ class CompileOptions:
     # Decoder layers per segment between sync points; 0 = the phase end only (the default: on the
     # CPU backend a per-layer sync costs ~15 % decode throughput and saves < 0.2 % of the arena).
     sync_every: int = 0
-    # How far MLX's host may run ahead of its worker (schema.sizes.RUN_AHEAD): "throttled" (the
-    # default) widens lifetimes by one partial task and has the runner hold the host back with MLX's
-    # memory limit: the smallest envelope, but near its peak the host busy-waits (on this 2-core CPU
-    # prefill at the bound ran 2x slower). "free" widens them by MLX's own bound, needs no throttle.
-    run_ahead: str = "throttled"
+    # How far MLX's host may run ahead of its worker (schema.sizes.RUN_AHEAD): "free" (the default)
+    # widens lifetimes by MLX's own bound and needs no throttle; "throttled" widens them by one
+    # partial task and has the runner hold the host back with MLX's memory limit: a ~3 % smaller
+    # envelope, but near its peak the host busy-waits (on this 2-core CPU prefill ran up to 2x slower).
+    run_ahead: str = "free"
     # Search budget of the offset packer, shared by the phases whose greedy packing misses the
     # lower bound (a fixed amount of work, so the plan does not depend on the machine's speed).
     pack_seconds: float = 2.0
@@ -719,7 +720,7 @@ def plan_phase(
     candidates: list[tuple[int, ...]] | None = None,
     say: Callable[[str], None] | None = None,
     donation: bool = True,
-    run_ahead: int = THROTTLED_RUN_AHEAD,
+    run_ahead: int = FREE_RUN_AHEAD,
 ) -> Phase:
     """Passes 2-4 on one traced phase (schedule, lifetimes, assign), the length points that keep
     the bound's lifetimes (pass 3b), then emit its record."""

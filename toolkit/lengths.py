@@ -30,7 +30,7 @@ import math
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from dctms.schema.sizes import THROTTLED_RUN_AHEAD
+from dctms.schema.sizes import FREE_RUN_AHEAD
 from dctms.toolkit.lifetimes import PhaseLives, analyse
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedBinding, TracedPhase, TracedTensor
@@ -223,7 +223,7 @@ def verified_points(
     bound_lives: PhaseLives,
     candidates: Sequence[tuple[int, ...]],
     donation: bool = True,
-    run_ahead: int = THROTTLED_RUN_AHEAD,
+    run_ahead: int = FREE_RUN_AHEAD,
 ) -> tuple[list[tuple[int, ...]], list[str]]:
     """The candidates at which the lifetime pass gives the bound's decisions with sizes no larger
     (point 3 of the module docstring), the bound first; and why each other one was dropped."""

@@ -9,11 +9,11 @@ thread allocates an op's output when it *schedules* the op, while inputs are rel
 worker thread has *run* their last reader: a tensor read last by op k may still be alive at op j
 when fewer than ``run_ahead`` dispatches lie between them. Two budgets (``schema.sizes``):
 
-* ``FREE_RUN_AHEAD`` (120): MLX never lets more than 10 full tasks be outstanding
+* ``FREE_RUN_AHEAD`` (120, the default): MLX never lets more than 10 full tasks be outstanding
   (mlx/transforms.cpp MAX_ACTIVE_TASKS = 10 tasks x mlx/backend/cpu/encoder.h
   DISPATCHES_PER_TASK = 10, plus a partly filled task per stream), whatever the memory. The runner's memory
   limit is then the envelope itself, a brake that never binds.
-* ``THROTTLED_RUN_AHEAD`` (10, the default): after every op MLX's host also waits while active memory is above
+* ``THROTTLED_RUN_AHEAD`` (10): after every op MLX's host also waits while active memory is above
   its memory limit and any full task is outstanding; the runner sets that limit to the provable
   envelope minus the largest single op's allocation. So when the host allocates for op j, either
   active memory is within the limit (and op j adds at most the largest allocation), or the worker is
@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
-from dctms.schema.sizes import ITEMSIZE, THROTTLED_RUN_AHEAD, nbytes, run_ahead_end
+from dctms.schema.sizes import FREE_RUN_AHEAD, ITEMSIZE, nbytes, run_ahead_end
 from dctms.toolkit.memory_model import Layout, donated_layout, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
@@ -69,7 +69,7 @@ def analyse(
     phase: TracedPhase,
     sched: Schedule,
     donation: bool = True,
-    run_ahead: int = THROTTLED_RUN_AHEAD,
+    run_ahead: int = FREE_RUN_AHEAD,
 ) -> PhaseLives:
     """Pass 3 on one phase; ``donation`` plans MLX's certain donations (the CPU backend's rules),
     ``run_ahead`` is the dispatches MLX's host may be ahead of its worker (``schema.sizes``)."""
