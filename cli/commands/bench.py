@@ -321,6 +321,11 @@ def describe_settings(
 
     b = plan.bounds
     env = plan.envelope
+    limit_rule = (
+        ""  # a free run-ahead plan needs no throttle: the limit is the envelope itself
+        if throttle_limit(plan) == env.provable
+        else " less the largest single-op allocation"
+    )
     cache = (  # as Session.apply_limits sets it
         f"MLX buffer cache {env.intermediate:,} B"
         if plan.target.allocator_slack
@@ -350,8 +355,8 @@ def describe_settings(
         "re-applied before each call",
         "runner": f"dctms Session.generate (static KV cache for {b.kv_capacity} positions); the "
         f"plan's limits re-applied before each call (memory {throttle_limit(plan):,} B = provable "
-        f"M_max {env.provable:,} B less the largest single-op allocation, plus what the baseline "
-        f"holds; {cache})",
+        f"M_max {env.provable:,} B{limit_rule}, plus what the baseline holds; {cache}; "
+        f"run-ahead {plan.target.run_ahead_dispatches} dispatches)",
         "process": "one process: the baseline model and the runner's weights are both loaded "
         "(two copies of the weights) for every call of either system",
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, "
