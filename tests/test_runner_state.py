@@ -140,6 +140,26 @@ def test_generate_allocates_no_new_state(session):
     assert set(session.state) == {s.name for s in session.plan.state if s.kind == "kv"}
 
 
+def phase_peaks(session, prefill_limit: int, decode_limit: int) -> tuple[int, int]:
+    """MLX's peak above the static part during a 40-token prefill (three chunks, the last padded)
+    and then M - 1 decode steps, each under its own memory limit (above the static part)."""
+    base = mx.get_active_memory()
+    mx.set_memory_limit(base + prefill_limit)
+    mx.reset_peak_memory()
+    token = session._prefill(prompt(40))
+    prefill_peak = mx.get_peak_memory() - base
+    mx.set_memory_limit(base + decode_limit)
+    mx.reset_peak_memory()
+    for step in range(M - 1):
+        out = session.decode.run(
+            {"tokens": token, "position": mx.array(40 + step, dtype=mx.int32)},
+            session.weights,
+            session.state,
+        )
+        token = out["next_token"]
+    return prefill_peak, mx.get_peak_memory() - base
+
+
 def test_each_phase_peak_stays_within_its_arena(session):
     """Observed peak above the static part (weights, KV, constants), per phase, vs its arena.
 
@@ -155,21 +175,7 @@ def test_each_phase_peak_stays_within_its_arena(session):
         alone = msgspec.structs.replace(plan, phases=[phases[name]], draft=None)
         return phases[name].arena_bytes - (plan.envelope.provable - throttle_limit(alone))
 
-    base = mx.get_active_memory()
-    mx.set_memory_limit(base + limit("prefill"))
-    mx.reset_peak_memory()
-    token = session._prefill(prompt(40))  # three chunks, the last padded
-    prefill_peak = mx.get_peak_memory() - base
-    mx.set_memory_limit(base + limit("decode"))
-    mx.reset_peak_memory()
-    for step in range(M - 1):
-        out = session.decode.run(
-            {"tokens": token, "position": mx.array(40 + step, dtype=mx.int32)},
-            session.weights,
-            session.state,
-        )
-        token = out["next_token"]
-    decode_peak = mx.get_peak_memory() - base
+    prefill_peak, decode_peak = phase_peaks(session, limit("prefill"), limit("decode"))
     # each phase's arena plus what the allocator's cache reuse may add (Phase.slack_bytes)
     assert 0 < prefill_peak <= phases["prefill"].arena_bytes + phases["prefill"].slack_bytes
     assert 0 < decode_peak <= phases["decode"].arena_bytes + phases["decode"].slack_bytes
@@ -216,20 +222,7 @@ def test_a_free_run_ahead_plan_holds_without_the_throttle(model):
     memory, cache = mx.get_memory_limit(), mx.set_cache_limit(0)
     try:
         session = Session(plan, open_model_folder(folder))
-        mx.set_memory_limit(1 << 40)
-        base = mx.get_active_memory()
-        mx.reset_peak_memory()
-        token = session._prefill(prompt(40))
-        prefill_peak = mx.get_peak_memory() - base
-        mx.reset_peak_memory()
-        for step in range(M - 1):
-            out = session.decode.run(
-                {"tokens": token, "position": mx.array(40 + step, dtype=mx.int32)},
-                session.weights,
-                session.state,
-            )
-            token = out["next_token"]
-        decode_peak = mx.get_peak_memory() - base
+        prefill_peak, decode_peak = phase_peaks(session, 1 << 40, 1 << 40)  # no throttle
     finally:
         mx.set_memory_limit(memory)
         mx.set_cache_limit(cache)
