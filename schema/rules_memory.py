@@ -84,6 +84,51 @@ def constant_size(ix: PlanIndex) -> Iterator[Finding]:
                 )
 
 
+INT64 = (-(2**63), 2**63 - 1)
+_INT_RANGE = {
+    **{f"int{b}": (-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (8, 16, 32, 64)},
+    **{f"uint{b}": (0, 2**b - 1) for b in (8, 16, 32)},
+    "uint64": (0, INT64[1]),  # MLX reads a Python integer as int64
+    "bool": (0, 1),
+}
+
+
+def constant_values(ix: PlanIndex) -> Iterator[Finding]:
+    """A constant's values are numbers its dtype holds: an integer within the range of an integer
+    dtype, and for any dtype within int64 (MLX reads a Python integer as int64; past it, building
+    the array fails inside MLX)."""
+    for px in ix.phases:
+        for i, c in enumerate(px.phase.constants):
+            lo, hi = _INT_RANGE.get(c.dtype, INT64)
+            for k, v in enumerate(c.value):
+                problem = _constant_problem(v, c.dtype, lo, hi)
+                if problem:
+                    yield f"{px.path}.constants[{i}].value[{k}]", problem
+                    break  # one finding per constant
+
+
+def _constant_problem(v: object, dtype: str, lo: int, hi: int) -> str:
+    if isinstance(v, bool):
+        return ""
+    if not isinstance(v, (int, float)):
+        return f"{_short(v)} is not a number"
+    integer_dtype = dtype in _INT_RANGE
+    if isinstance(v, float):
+        if not integer_dtype or (v.is_integer() and lo <= v <= hi):
+            return ""
+        return f"{_short(v)} is not a {dtype} value (range {lo}..{hi})"
+    if lo <= v <= hi:
+        return ""
+    if integer_dtype:
+        return f"{_short(v)} is not a {dtype} value (range {lo}..{hi})"
+    return f"{_short(v)} is an integer past int64, which MLX cannot read"
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def interval_bounds(ix: PlanIndex) -> Iterator[Finding]:
     """0 <= s <= e < number of slots."""
     for px in ix.phases:

@@ -61,6 +61,7 @@ RULES: dict[str, Rule] = {
     "dtype_known": rules_memory.dtype_known,
     "tensor_bytes": rules_memory.tensor_bytes,
     "constant_size": rules_memory.constant_size,
+    "constant_values": rules_memory.constant_values,
     "interval_bounds": rules_memory.interval_bounds,
     "interval_producer": rules_memory.interval_producer,
     "interval_last_use": rules_memory.interval_last_use,

@@ -506,6 +506,31 @@ CASES: list[tuple[str, str, Break]] = [
         "a run-ahead mode the target does not record",
         lambda p: nested(with_request(p, run_ahead="free"), "target", run_ahead_dispatches=10),
     ),
+    (
+        "constant_values",
+        "past int64 (MLX cannot build it)",
+        lambda p: phase(
+            p, constants=[replace(P0(p).constants[0], value=[2**63]), *P0(p).constants[1:]]
+        ),
+    ),
+    (
+        "constant_values",
+        "a negative uint8",
+        lambda p: phase(
+            p,
+            constants=[
+                replace(P0(p).constants[0], dtype="uint8", value=[-1]),
+                *P0(p).constants[1:],
+            ],
+        ),
+    ),
+    (
+        "constant_values",
+        "not a number",
+        lambda p: phase(
+            p, constants=[replace(P0(p).constants[0], value=["x"]), *P0(p).constants[1:]]
+        ),
+    ),
     ("fused_weights", "a fused weight of one part", lambda p: fused(p, ["emb2"])),
     ("fused_weights", "a part that is not a weight", lambda p: fused(p, ["emb2", "nope"])),
     ("fused_weights", "a part named twice", lambda p: fused(p, ["emb2", "emb2"])),
