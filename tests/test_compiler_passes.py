@@ -204,8 +204,8 @@ def test_cache_update_is_in_place_only_for_state() -> None:
 def test_mlx_runs_ahead_but_within_the_free_budget() -> None:
     """A chain of matmuls, each output read once by the next: MLX's host schedules (allocates)
     outputs ahead of its worker, but never more than FREE_RUN_AHEAD dispatches (two per matmul).
-    Measured here: 55-57 outputs alive at once, 110-114 dispatches (MLX's 10 full tasks of 10 and a
-    partial one), which is why the budget is 120 and not 110."""
+    Measured here: 55-57 outputs alive at once (MLX's 10 full tasks of 10 and a partial one, about
+    110 dispatches); the budget of 120 leaves a margin."""
     import mlx.core as mx
 
     n, links = 512, 160
