@@ -5,6 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def short_value(value: object) -> str:
+    """``value`` for a one-line message: at most 40 characters (a 400-digit number is cut)."""
+    if type(value) is int and abs(value) >= 10**40:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class DctmsError(Exception):
     """A problem with the user's input. The CLI prints ``str(err)`` on one line and exits 2."""
 

@@ -6,6 +6,7 @@ import bisect
 import heapq
 from collections.abc import Iterator
 
+from dctms.schema.errors import short_value
 from dctms.schema.phase_index import PhaseIndex, PlanIndex, valid_interval
 from dctms.schema.sizes import (
     ITEMSIZE,
@@ -111,22 +112,17 @@ def _constant_problem(v: object, dtype: str, lo: int, hi: int) -> str:
     if isinstance(v, bool):
         return ""
     if not isinstance(v, (int, float)):
-        return f"{_short(v)} is not a number"
+        return f"{short_value(v)} is not a number"
     integer_dtype = dtype in _INT_RANGE
     if isinstance(v, float):
         if not integer_dtype or (v.is_integer() and lo <= v <= hi):
             return ""
-        return f"{_short(v)} is not a {dtype} value (range {lo}..{hi})"
+        return f"{short_value(v)} is not a {dtype} value (range {lo}..{hi})"
     if lo <= v <= hi:
         return ""
     if integer_dtype:
-        return f"{_short(v)} is not a {dtype} value (range {lo}..{hi})"
-    return f"{_short(v)} is an integer past int64, which MLX cannot read"
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+        return f"{short_value(v)} is not a {dtype} value (range {lo}..{hi})"
+    return f"{short_value(v)} is an integer past int64, which MLX cannot read"
 
 
 def interval_bounds(ix: PlanIndex) -> Iterator[Finding]:

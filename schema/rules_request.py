@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from dctms.schema.fingerprint import canonical_config_sha256
 from dctms.schema.phase_index import PlanIndex
-from dctms.schema.sizes import RUN_AHEAD
+from dctms.schema.sizes import recorded_run_ahead
 
 Finding = tuple[str, str]
 
@@ -58,7 +58,7 @@ def compile_request(ix: PlanIndex) -> Iterator[Finding]:
             f"{(b.kv.bits, b.kv.group_size)}",
         )
     # (0: a plan that assumes no run-ahead, as a hand-written one does, records no mode to compare)
-    budget = RUN_AHEAD[req.run_ahead] if t.backend == "cpu" else 0
+    budget = recorded_run_ahead(t.backend, req.run_ahead)
     if t.run_ahead_dispatches not in (0, budget):
         yield (
             "$.compile.run_ahead",

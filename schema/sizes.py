@@ -143,6 +143,12 @@ THROTTLED_RUN_AHEAD = 10
 RUN_AHEAD = {"free": FREE_RUN_AHEAD, "throttled": THROTTLED_RUN_AHEAD}
 
 
+def recorded_run_ahead(backend: str, mode: str) -> int:
+    """``Target.run_ahead_dispatches`` of a plan compiled with run-ahead ``mode``: MLX's CPU
+    run-ahead; 0 elsewhere (not modelled)."""
+    return RUN_AHEAD[mode] if backend == "cpu" else 0
+
+
 def run_ahead_end(prefix: list[int], k: int, end: int, budget: int) -> int:
     """The last execution position a tensor read last at ``k`` may stay alive to: the largest
     j <= ``end`` (its segment's sync point) with fewer than ``budget`` encoder dispatches between

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from dctms.toolkit.lifetimes import analyse
+from dctms.toolkit.lifetimes import MemoryRules, analyse
 from dctms.toolkit.schedule import Schedule, Segment
 from dctms.toolkit.trace import TracedBinding, TracedConstant, TracedOp, TracedPhase, TracedTensor
 
@@ -68,7 +68,7 @@ def _schedule(n: int, cuts: tuple[int, ...] = (), evaluate: dict[int, list[str]]
 
 def _roots(ops, sched=None, donation=True, dtypes=None) -> dict[str, str | None]:
     phase = _phase(ops, dtypes)
-    lives = analyse(phase, sched or _schedule(len(ops)), donation)
+    lives = analyse(phase, sched or _schedule(len(ops)), MemoryRules(donation=donation))
     return {t: lives.lives[t].root for op in ops for t in op.outputs}
 
 
@@ -168,7 +168,7 @@ def test_the_plan_matches_mlx_on_the_chain(donation: bool) -> None:
     """MLX's peak for the chain is the plan's peak live bytes when donation is modelled (two
     N x N buffers: the scores' and the result's), and below the plan's without it."""
     phase = _phase(CHAIN)
-    lives = analyse(phase, _schedule(len(CHAIN)), donation)
+    lives = analyse(phase, _schedule(len(CHAIN)), MemoryRules(donation=donation))
     owners = [t for t, life in lives.lives.items() if life.root is None]
     planned = max(
         sum(

@@ -20,12 +20,12 @@ from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.sizes import (
-    FREE_RUN_AHEAD,
     RUN_AHEAD,
     THROTTLED_RUN_AHEAD,
     cast_overshoot,
     is_arena_tenant,
     nbytes,
+    recorded_run_ahead,
     slack_bytes,
 )
 from dctms.schema.types import (
@@ -75,7 +75,7 @@ from dctms.toolkit.lengths import (
     single_candidates,
     verified_points,
 )
-from dctms.toolkit.lifetimes import PhaseLives, analyse
+from dctms.toolkit.lifetimes import CPU_RULES, MemoryRules, PhaseLives, analyse
 from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
 from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
@@ -266,7 +266,7 @@ def plan_model(
                 fits.get(tp.name),
                 _candidates(fits.get(tp.name), opts),
                 say,
-                **memory_rules(settings.backend, opts.run_ahead),
+                rules=memory_rules(settings.backend, opts.run_ahead),
             )
         )
     return ModelPart(
@@ -549,7 +549,7 @@ def emit_plan(
             alignment=opts.alignment,
             profile=settings.profile,
             device_memory=opts.device_memory,
-            run_ahead_dispatches=RUN_AHEAD[opts.run_ahead] if settings.backend == "cpu" else 0,
+            run_ahead_dispatches=recorded_run_ahead(settings.backend, opts.run_ahead),
             allocator_slack=settings.allocator_slack,
         ),
         state=state,
@@ -700,13 +700,13 @@ class Placement:
     arena_gap_bytes: int
 
 
-def memory_rules(backend: str, run_ahead: str) -> dict:
-    """``plan_phase``'s memory-model switches for a backend: MLX's CPU donation and run-ahead
-    (``run_ahead`` "free" or "throttled"); GPU plans keep the throttled widening they always had
-    (they are not proven: their run-ahead is not modelled)."""
+def memory_rules(backend: str, run_ahead: str) -> MemoryRules:
+    """Pass 3's rules for a backend: MLX's CPU donation and run-ahead (``run_ahead`` "free" or
+    "throttled"); GPU plans keep the throttled widening they always had (they are not proven: their
+    run-ahead is not modelled)."""
     if backend != "cpu":
-        return {"donation": False, "run_ahead": THROTTLED_RUN_AHEAD}
-    return {"donation": True, "run_ahead": RUN_AHEAD[run_ahead]}
+        return MemoryRules(donation=False, run_ahead=THROTTLED_RUN_AHEAD)
+    return MemoryRules(donation=True, run_ahead=RUN_AHEAD[run_ahead])
 
 
 def plan_phase(
@@ -719,21 +719,18 @@ def plan_phase(
     lengths: LengthFit | None = None,
     candidates: list[tuple[int, ...]] | None = None,
     say: Callable[[str], None] | None = None,
-    donation: bool = True,
-    run_ahead: int = FREE_RUN_AHEAD,
+    rules: MemoryRules = CPU_RULES,
 ) -> Phase:
     """Passes 2-4 on one traced phase (schedule, lifetimes, assign), the length points that keep
     the bound's lifetimes (pass 3b), then emit its record."""
     views = {i for i, op in enumerate(tp.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
     sched = build_schedule(tp, views, ridge, sync_every)
-    lives = analyse(tp, sched, donation, run_ahead)
+    lives = analyse(tp, sched, rules)
     placement = assign_arena(lives, alignment, pack_seconds)
     phase = emit_phase(tp, sched, lives, placement, allocator_slack)
     if lengths is None:
         return phase
-    points, dropped = verified_points(
-        tp, lengths, sched, lives, candidates or [], donation, run_ahead
-    )
+    points, dropped = verified_points(tp, lengths, sched, lives, candidates or [], rules)
     if dropped and say:
         say(f"{tp.name}: {len(dropped)} length points left out (first: {dropped[0]})")
     return msgspec.structs.replace(phase, lengths=emit_lengths(tp, sched, lengths, points))

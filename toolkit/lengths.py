@@ -30,8 +30,7 @@ import math
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from dctms.schema.sizes import FREE_RUN_AHEAD
-from dctms.toolkit.lifetimes import PhaseLives, analyse
+from dctms.toolkit.lifetimes import CPU_RULES, MemoryRules, PhaseLives, analyse
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedBinding, TracedPhase, TracedTensor
 
@@ -222,8 +221,7 @@ def verified_points(
     sched: Schedule,
     bound_lives: PhaseLives,
     candidates: Sequence[tuple[int, ...]],
-    donation: bool = True,
-    run_ahead: int = FREE_RUN_AHEAD,
+    rules: MemoryRules = CPU_RULES,
 ) -> tuple[list[tuple[int, ...]], list[str]]:
     """The candidates at which the lifetime pass gives the bound's decisions with sizes no larger
     (point 3 of the module docstring), the bound first; and why each other one was dropped."""
@@ -231,9 +229,7 @@ def verified_points(
     for point in candidates:
         if tuple(point) == lf.bound:
             continue
-        why = _differs(
-            bound_lives, analyse(instantiate(phase, lf, point), sched, donation, run_ahead)
-        )
+        why = _differs(bound_lives, analyse(instantiate(phase, lf, point), sched, rules))
         if why:
             dropped.append(f"{point}: {why}")
         else:

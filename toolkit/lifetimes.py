@@ -45,6 +45,18 @@ from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
 
 
+@dataclass(frozen=True)
+class MemoryRules:
+    """The backend's rules pass 3 plans by: MLX's certain donations (the CPU backend's), and the
+    dispatches MLX's host may be ahead of its worker (``schema.sizes``)."""
+
+    donation: bool = True
+    run_ahead: int = FREE_RUN_AHEAD
+
+
+CPU_RULES = MemoryRules()  # the default: donation and free run-ahead
+
+
 @dataclass
 class Life:
     id: str
@@ -66,14 +78,8 @@ class PhaseLives:
     dispatches: list[int]
 
 
-def analyse(
-    phase: TracedPhase,
-    sched: Schedule,
-    donation: bool = True,
-    run_ahead: int = FREE_RUN_AHEAD,
-) -> PhaseLives:
-    """Pass 3 on one phase; ``donation`` plans MLX's certain donations (the CPU backend's rules),
-    ``run_ahead`` is the dispatches MLX's host may be ahead of its worker (``schema.sizes``)."""
+def analyse(phase: TracedPhase, sched: Schedule, rules: MemoryRules = CPU_RULES) -> PhaseLives:
+    """Pass 3 on one phase, under ``rules``."""
     ops = phase.ops
     order = sched.order
     n = len(order)
@@ -100,8 +106,7 @@ def analyse(
 
     outputs = {b.id: b.kind for b in phase.outputs}
     # Tensors MLX may donate, as far as the graph and the sync points say (module doc).
-    donors = _sole_reads(phase, sched) if donation else set()
-    made_at: dict[str, int] = {}  # tensor -> execution position of its producer
+    donors = _sole_reads(phase, sched) if rules.donation else set()
     donated: set[str] = set()  # outputs planned in a donated buffer
     lives: dict[str, Life] = {}
     keep_alive: list[tuple[str, str]] = []  # (source root, copy) pairs
@@ -132,16 +137,13 @@ def analyse(
             info = phase.tensors[t]
             size = nbytes(info.shape, info.dtype)
             layout[t] = eff.layout
-            made_at[t] = pos
             donor = None
             if eff.donors and len(op.outputs) == 1 and t not in outputs:
                 donor = next(
                     (
                         op.inputs[k]
                         for k in eff.donors
-                        if _donatable(
-                            op.inputs[k], info, pos, donors, donated, lives, made_at, segment_end
-                        )
+                        if _donatable(op.inputs[k], info, pos, donors, donated, lives, segment_end)
                     ),
                     None,
                 )
@@ -180,7 +182,7 @@ def analyse(
         prefix[q + 1] = prefix[q] + dispatches[q]
 
     def widen(k: int) -> int:
-        return run_ahead_end(prefix, k, segment_end[k], run_ahead)
+        return run_ahead_end(prefix, k, segment_end[k], rules.run_ahead)
 
     slot_interval: dict[str, tuple[int, int]] = {}
     for t, life in lives.items():
@@ -225,7 +227,6 @@ def _donatable(
     candidates: set[str],
     donated: set[str],
     lives: dict[str, Life],
-    made_at: dict[str, int],
     segment_end: list[int],
 ) -> bool:
     """Whether MLX is certain to donate input ``x`` to the output ``out`` of the op at ``pos``."""
@@ -233,7 +234,7 @@ def _donatable(
     if x not in candidates or life is None:
         return False
     owns = (life.kind == "intermediate" and life.root is None) or x in donated
-    if not owns or segment_end[made_at[x]] != segment_end[pos]:
+    if not owns or segment_end[life.start] != segment_end[pos]:  # made in another segment
         return False
     root = lives[life.root] if x in donated else life
     return (

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from dctms.schema.errors import DctmsError
+from dctms.schema.errors import DctmsError, short_value
 
 MAX_TOKENS = 2**24  # N, M and N + M: 16.7M positions
 MAX_BATCH = 1024
@@ -49,9 +49,9 @@ QUANT_GROUP_SIZES = (32, 64, 128)
 def check_count(name: str, value: int, low: int, high: int) -> None:
     """``low <= value <= high`` for an integer option or field, else one line naming both."""
     if type(value) is not int:
-        raise DctmsError(f"{name} must be an integer, got {_short(value)}")
+        raise DctmsError(f"{name} must be an integer, got {short_value(value)}")
     if not low <= value <= high:
-        raise DctmsError(f"{name} must be between {low:,} and {high:,}, got {_short(value)}")
+        raise DctmsError(f"{name} must be between {low:,} and {high:,}, got {short_value(value)}")
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -76,7 +76,7 @@ def check_config(config: dict[str, Any]) -> None:
     for key in ("torch_dtype", "dtype"):
         value = config.get(key)
         if value is not None and not isinstance(value, str):
-            raise DctmsError(f"config.json: {key} must be a dtype name, got {_short(value)}")
+            raise DctmsError(f"config.json: {key} must be a dtype name, got {short_value(value)}")
     depth = _depth(config)
     if depth > MAX_CONFIG_DEPTH:
         raise DctmsError(f"config.json nests {depth} levels deep (at most {MAX_CONFIG_DEPTH})")
@@ -86,11 +86,11 @@ def check_config(config: dict[str, Any]) -> None:
                 value = section[key]
                 if type(value) is not int:
                     raise DctmsError(
-                        f"config.json: {where}{key} must be an integer, got {_short(value)}"
+                        f"config.json: {where}{key} must be an integer, got {short_value(value)}"
                     )
                 if not 1 <= value <= high:
                     raise DctmsError(
-                        f"config.json: {where}{key} must be between 1 and {high:,}, got {_short(value)}"
+                        f"config.json: {where}{key} must be between 1 and {high:,}, got {short_value(value)}"
                         + (
                             " (dctms plans at most that many layers)"
                             if key == "num_hidden_layers"
@@ -106,38 +106,30 @@ def check_config(config: dict[str, Any]) -> None:
             if not finite or not 0 < value <= MAX_CONFIG_FLOAT:
                 raise DctmsError(
                     f"config.json: {where}{key} must be a positive number of at most "
-                    f"{MAX_CONFIG_FLOAT:g}, got {_short(value)}"
+                    f"{MAX_CONFIG_FLOAT:g}, got {short_value(value)}"
                 )
     for key in ("quantization", "quantization_config"):
         quant = config.get(key)
         if quant is None:
             continue
         if not isinstance(quant, dict):
-            raise DctmsError(f"config.json: {key} must be an object, got {_short(quant)}")
+            raise DctmsError(f"config.json: {key} must be an object, got {short_value(quant)}")
         if "bits" not in quant and "group_size" not in quant:
             continue  # another library's quantisation record: mlx-lm ignores it, so do we
         bits, group = quant.get("bits"), quant.get("group_size")
         if type(bits) is not int or bits not in QUANT_BITS:
             raise DctmsError(
                 f"config.json: {key}.bits must be one of {', '.join(map(str, QUANT_BITS))}, "
-                f"got {_short(bits)}"
+                f"got {short_value(bits)}"
             )
         if type(group) is not int or group not in QUANT_GROUP_SIZES:
             raise DctmsError(
                 f"config.json: {key}.group_size must be one of "
-                f"{', '.join(map(str, QUANT_GROUP_SIZES))}, got {_short(group)}"
+                f"{', '.join(map(str, QUANT_GROUP_SIZES))}, got {short_value(group)}"
             )
         mode = quant.get("mode", "affine")
         if not isinstance(mode, str):
-            raise DctmsError(f"config.json: {key}.mode must be a string, got {_short(mode)}")
-
-
-def _short(value: Any) -> str:
-    """``value`` for a message: at most 40 characters (a 400-digit number is cut)."""
-    if type(value) is int and abs(value) >= 10**40:
-        return f"an integer of {len(str(abs(value)))} digits"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+            raise DctmsError(f"config.json: {key}.mode must be a string, got {short_value(mode)}")
 
 
 def _sections(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -183,9 +175,9 @@ def check_options(opts: Any) -> None:
         if value is None:
             continue
         if type(value) is not int:
-            raise DctmsError(f"{name} must be an integer, got {_short(value)}")
+            raise DctmsError(f"{name} must be an integer, got {short_value(value)}")
         if value > high:
-            raise DctmsError(f"{name} must be at most {high:,}, got {_short(value)}")
+            raise DctmsError(f"{name} must be at most {high:,}, got {short_value(value)}")
     if opts.input_tokens + opts.output_tokens > MAX_TOKENS:
         raise DctmsError(
             f"N + M must be at most {MAX_TOKENS:,} positions, got "

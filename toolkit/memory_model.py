@@ -138,8 +138,10 @@ def op_memory(
         donors = (0,) if src.contiguous and not same_type else ()
         return OpMemory((Effect("alloc", None, out, donors=donors),), 0, 2)
     if primitive in BINARY:
-        out = _binary_layout(inputs[0], inputs[1], shape)
-        donors = _binary_donors(inputs[0], inputs[1], shape) if primitive in DONATING else ()
+        a, b = inputs[0], inputs[1]
+        kind = _binary_op_type(a, b)
+        out = _binary_layout(kind, a, b, shape)
+        donors = _binary_donors(kind, a, b, shape) if primitive in DONATING else ()
         return OpMemory(tuple(Effect("alloc", None, out, donors=donors) for _ in out_shapes), 0, 2)
     if primitive == "Select":
         if all(i.data_size == 1 for i in inputs):
@@ -260,29 +262,40 @@ def _matmul_friendly(lay: Layout) -> bool:
     return (stx == lay.shape[-1] and sty == 1) or (stx == 1 and sty == lay.shape[-2])
 
 
-def _binary_layout(a: Layout, b: Layout, shape: tuple[int, ...]) -> Layout:
-    # MLX's get_binary_op_type + set_binary_op_output_data (without donation).
+def _binary_op_type(a: Layout, b: Layout) -> str:
+    # MLX's get_binary_op_type
     if a.data_size == 1 and b.data_size == 1:
-        return Layout(shape, a.strides, 1, a.row, a.col, a.contiguous)
+        return "ScalarScalar"
     if a.data_size == 1 and b.contiguous:
-        return _like(b, shape)
+        return "ScalarVector"
     if b.data_size == 1 and a.contiguous:
-        return _like(a, shape)
+        return "VectorScalar"
     if (a.row and b.row) or (a.col and b.col):
+        return "VectorVector"
+    return "General"
+
+
+def _binary_layout(kind: str, a: Layout, b: Layout, shape: tuple[int, ...]) -> Layout:
+    # MLX's set_binary_op_output_data without donation: the output's strides and flags.
+    if kind == "ScalarScalar":
+        return Layout(shape, a.strides, 1, a.row, a.col, a.contiguous)
+    if kind == "ScalarVector":
+        return _like(b, shape)
+    if kind in ("VectorScalar", "VectorVector"):
         return _like(a, shape)
     return row_major(shape)
 
 
-def _binary_donors(a: Layout, b: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
+def _binary_donors(kind: str, a: Layout, b: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
     # set_binary_op_output_data: which inputs each binary op type may donate, in MLX's order.
-    if a.data_size == 1 and b.data_size == 1:
-        return ()  # ScalarScalar
-    if a.data_size == 1 and b.contiguous:
-        return (1,)  # ScalarVector
-    if b.data_size == 1 and a.contiguous:
-        return (0,)  # VectorScalar
-    if (a.row and b.row) or (a.col and b.col):
-        return (0, 1)  # VectorVector
+    if kind == "ScalarScalar":
+        return ()
+    if kind == "ScalarVector":
+        return (1,)
+    if kind == "VectorScalar":
+        return (0,)
+    if kind == "VectorVector":
+        return (0, 1)
     size = math.prod(shape)  # General: a row-contiguous input of the output's size
     return tuple(k for k, x in enumerate((a, b)) if x.row and math.prod(x.shape) == size)
 

@@ -125,7 +125,7 @@ def compile_vlm_plan(
                 opts.sync_every,
                 settings.allocator_slack,
                 opts.pack_seconds / len(traced.phases),
-                **text.memory_rules(settings.backend, opts.run_ahead),
+                rules=text.memory_rules(settings.backend, opts.run_ahead),
             )
         )
     names, slack = {v.phase for v in variants}, settings.allocator_slack

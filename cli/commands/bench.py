@@ -321,11 +321,9 @@ def describe_settings(
 
     b = plan.bounds
     env = plan.envelope
-    limit_rule = (
-        ""  # a free run-ahead plan needs no throttle: the limit is the envelope itself
-        if throttle_limit(plan) == env.provable
-        else " less the largest single-op allocation"
-    )
+    limit = throttle_limit(plan)
+    # a free run-ahead plan needs no throttle: the limit is the envelope itself
+    limit_rule = "" if limit == env.provable else " less the largest single-op allocation"
     cache = (  # as Session.apply_limits sets it
         f"MLX buffer cache {env.intermediate:,} B"
         if plan.target.allocator_slack
@@ -354,7 +352,7 @@ def describe_settings(
         "mlx_lm.utils.load_model, its own growing KV cache; MLX's default memory/cache limits "
         "re-applied before each call",
         "runner": f"dctms Session.generate (static KV cache for {b.kv_capacity} positions); the "
-        f"plan's limits re-applied before each call (memory {throttle_limit(plan):,} B = provable "
+        f"plan's limits re-applied before each call (memory {limit:,} B = provable "
         f"M_max {env.provable:,} B{limit_rule}, plus what the baseline holds; {cache}; "
         f"run-ahead {plan.target.run_ahead_dispatches} dispatches)",
         "process": "one process: the baseline model and the runner's weights are both loaded "
