@@ -25,6 +25,7 @@ COMMANDS = [
     "fit",
     "pack",
     "pool",
+    "resources",
     "serve",
     "roofline",
     "convert-gguf",

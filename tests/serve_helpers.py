@@ -68,9 +68,10 @@ def dctms_command(*args: str) -> list[str]:
 class ServerProcess:
     """``dctms serve ... --port 0`` in a subprocess; ``url`` once it listens."""
 
-    def __init__(self, args: list[str], timeout_s: float = 120.0):
+    def __init__(self, args: list[str], timeout_s: float = 120.0, preexec_fn=None):
         self.proc = subprocess.Popen(
             dctms_command("serve", *args, "--host", "127.0.0.1", "--port", "0"),
+            preexec_fn=preexec_fn,  # e.g. joining a memory cgroup before exec
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
