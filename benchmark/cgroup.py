@@ -1,7 +1,8 @@
-"""A memory cgroup with a hard limit for a test's subprocess: cgroup v1's memory controller (its
-``memory.limit_in_bytes``, ``memory.failcnt``, ``memory.oom_control``) or cgroup v2's
-(``memory.max``, ``memory.events``). ``memory_group`` skips, saying why, where neither is writable.
-The group is removed when the test ends (its processes must have exited)."""
+"""A memory cgroup with a hard limit for a subprocess (a server under test or benchmark): cgroup
+v1's memory controller (its ``memory.limit_in_bytes``, ``memory.failcnt``, ``memory.oom_control``)
+or cgroup v2's (``memory.max``, ``memory.events``). ``memory_group`` raises ``CgroupUnavailable``,
+saying why, where neither is writable (tests skip on it). The group is removed on leaving (its
+processes must have exited)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 V1_ROOT = Path("/sys/fs/cgroup/memory")
 V2_ROOT = Path("/sys/fs/cgroup")
+
+
+class CgroupUnavailable(Exception):
+    """No writable memory cgroup controller on this machine (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -71,31 +74,43 @@ def _v2() -> bool:
     return controllers.exists() and "memory" in controllers.read_text().split()
 
 
-@contextmanager
-def memory_group(limit: int) -> Iterator[MemoryGroup]:
+def create_group(limit: int) -> MemoryGroup:
+    """A new memory group with a hard limit of ``limit`` bytes (and no swap to spill into)."""
     v2 = _v2()
     root = V2_ROOT if v2 else V1_ROOT
-    if not (root / ("memory.max" if v2 else "memory.limit_in_bytes")).parent.exists():
-        pytest.skip(f"no memory cgroup controller mounted at {root}")
-    path = root / f"dctms-test-{uuid.uuid4().hex[:12]}"
+    limit_file = "memory.max" if v2 else "memory.limit_in_bytes"
+    if not root.is_dir():
+        raise CgroupUnavailable(f"no memory cgroup controller mounted at {root}")
+    path = root / f"dctms-{uuid.uuid4().hex[:12]}"
     try:
         path.mkdir()
-        group = MemoryGroup(path, v2)
-        (path / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
-        if not v2:  # no swap to spill into: the limit is the memory the group may hold
-            memsw = path / "memory.memsw.limit_in_bytes"
-            if memsw.exists():
-                memsw.write_text(str(limit))
+        (path / limit_file).write_text(str(limit))
+        memsw = path / "memory.memsw.limit_in_bytes"  # v1 with swap accounting
+        if not v2 and memsw.exists():
+            memsw.write_text(str(limit))
     except OSError as err:
         if path.exists():
             path.rmdir()
-        pytest.skip(f"cgroups are not writable here ({root}: {err.strerror})")
+        raise CgroupUnavailable(f"cgroups are not writable here ({root}: {err.strerror})") from None
+    return MemoryGroup(path, v2)
+
+
+def remove_group(group: MemoryGroup) -> None:
+    """Remove the group; its processes must have exited (they may take a moment to leave)."""
+    for _ in range(50):
+        try:
+            group.path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+@contextmanager
+def memory_group(limit: int) -> Iterator[MemoryGroup]:
+    group = create_group(limit)
     try:
         yield group
     finally:
-        for _ in range(50):  # the processes may take a moment to leave after they exit
-            try:
-                path.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_group(group)

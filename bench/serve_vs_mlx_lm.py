@@ -1,0 +1,255 @@
+"""`dctms serve` against mlx_lm.server, one after the other on the same model folder, both on
+OpenBLAS, with the same streamed greedy chat load at several client counts (loopback only).
+
+    .venv/bin/python bench/serve_vs_mlx_lm.py [--model DIR] [-N 256] [-M 64] [--levels 1,4,8,16]
+        [--requests 32] [--max-tokens 64] [--decode-concurrency 8] [--under-limit]
+
+The model defaults to SmolLM2-135M-Instruct as `dctms demo` prepares it (fetched once from PyPI and
+converted). A plan is compiled for it at -N/-M. Each server is started in turn (mlx_lm.server with
+``--decode-concurrency`` and ``--prompt-concurrency`` set to the same figure, its defaults
+otherwise, and `dctms serve`'s own LD_PRELOAD of OpenBLAS), warmed up with one request, then driven
+at each level by that many client threads sharing ``--requests`` streamed chat completions of
+``--max-tokens`` tokens (temperature 0). Reported per level and server: aggregate completion
+tokens/s, TTFT and latency P50/P95, the server process's peak RSS (polled every 50 ms); for dctms
+also its pool M_max and MLX's observed peak from /status at every poll. ``--under-limit`` then
+runs each server inside a memory cgroup whose hard limit is `dctms resources`' figure for the plan
+and reports what happens (answered requests, OOM kills, the limit's failure count; not asserted).
+Written to ``--json`` (default ``bench/results/serve_vs_mlx_lm.json``) and printed as a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain in a few sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "Summarise the plot of a detective story in which the butler did not do it.",
+    "How do I boil an egg?",
+    "Give me a name for a grey cat.",
+    "What is the difference between weather and climate? Answer briefly, for a child.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode} before it listened")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.25)
+    raise RuntimeError("server did not listen in time")
+
+
+def server_command(system: str, plan: Path, folder: Path, port: int, concurrency: int) -> list[str]:
+    if system == "dctms":
+        return [sys.executable, "-m", "dctms.cli.main", "serve", "--plan", f"demo={plan}={folder}",
+                "--port", str(port), "--max-queue", "1024"]  # fmt: skip
+    return [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder), "--port", str(port),
+            "--decode-concurrency", str(concurrency), "--prompt-concurrency", str(concurrency),
+            "--log-level", "WARNING"]  # fmt: skip
+
+
+def server_env() -> dict[str, str]:
+    """Both servers on the same BLAS: `dctms serve` preloads OpenBLAS itself (dctms.runner.blas);
+    mlx_lm.server gets the same LD_PRELOAD here."""
+    from dctms.runner.blas import planned_preload
+
+    env = dict(os.environ)
+    preload = planned_preload()
+    if preload:
+        env["LD_PRELOAD"] = preload
+    return env
+
+
+def tree_rss(pid: int) -> int:
+    import psutil
+
+    proc = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+
+
+def dctms_status(url: str) -> dict:
+    with urllib.request.urlopen(url + "/status", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def measure_system(system: str, args, plan: Path, folder: Path, group=None) -> dict:
+    from dctms.benchmark.serve_clients import PeakPoller, level_figures, run_level, stream_chat
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    model = "demo" if system == "dctms" else "default_model"
+    proc = subprocess.Popen(
+        server_command(system, plan, folder, port, args.decode_concurrency),
+        env=server_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, preexec_fn=group.join if group else None,
+    )  # fmt: skip
+    out: dict = {"system": system, "levels": []}
+    try:
+        wait_ready(url, proc)
+        stream_chat(url, model, PROMPTS[0], args.max_tokens, 600)  # warm-up
+        for clients in args.levels:
+            with PeakPoller(lambda: tree_rss(proc.pid)) as rss, PeakPoller(
+                (lambda: dctms_status(url)) if system == "dctms" else (lambda: None), 0.1
+            ) as status:
+                answers, wall = run_level(
+                    url, model, PROMPTS, args.requests, clients, args.max_tokens
+                )
+            level = dict(level_figures(answers, wall), clients=clients)
+            level["peak_rss"] = max(rss.values, default=None)
+            polls = [s for s in status.values if s]
+            if polls:
+                level["polls"] = len(polls)
+                level["m_max_provable"] = polls[-1]["envelope_provable_bytes"]
+                level["m_max_total"] = polls[-1]["envelope_total_bytes"]
+                level["observed_peak"] = max(s["observed_mlx_peak_bytes"] for s in polls)
+                level["polls_over_provable"] = sum(
+                    s["observed_mlx_peak_bytes"] > s["envelope_provable_bytes"] for s in polls
+                )
+            out["levels"].append(level)
+            print(f"{system:>7} {clients:>3} clients: {level['tok_per_s']:.2f} tok/s, "
+                  f"{level['answered']}/{level['requests']} answered", file=sys.stderr)  # fmt: skip
+    except RuntimeError as err:
+        out["error"] = str(err)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        out["exit"] = proc.returncode
+        out["stderr_tail"] = (proc.stderr.read() if proc.stderr else "")[-600:]
+    return out
+
+
+def under_limit(system: str, args, plan: Path, folder: Path, limit: int) -> dict:
+    from dctms.benchmark.cgroup import CgroupUnavailable, create_group, remove_group
+
+    try:
+        group = create_group(limit)
+    except CgroupUnavailable as err:
+        return {"system": system, "skipped": str(err)}
+    try:
+        run = measure_system(system, args, plan, folder, group)
+        return {
+            "system": system, "limit": limit, "levels": run["levels"], "exit": run["exit"],
+            "error": run.get("error"), "failcnt": group.failcnt, "oom_kills": group.oom_kills,
+            "group_peak": group.peak,
+        }  # fmt: skip
+    finally:
+        remove_group(group)
+
+
+def f(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def table(runs: dict[str, dict]) -> list[str]:
+    a, b = runs["dctms"], runs["mlx_lm"]
+    rows = [
+        "| clients | dctms tok/s | mlx_lm.server tok/s | ratio | TTFT P50 dctms / mlx_lm (s) "
+        "| latency P50 / P95 dctms (s) | latency P50 / P95 mlx_lm (s) | P95 ratio "
+        "| peak RSS dctms / mlx_lm (MiB) | dctms observed / provable (MiB) |",
+        "|---|---:|---:|---:|---|---|---|---:|---|---|",
+    ]
+    for la, lb in zip(a["levels"], b["levels"], strict=False):
+        ratio = la["tok_per_s"] / lb["tok_per_s"] if lb["tok_per_s"] else None
+        p95 = (la["latency_p95_s"] / lb["latency_p95_s"]
+               if la["latency_p95_s"] and lb["latency_p95_s"] else None)  # fmt: skip
+        mib = 2**20
+        rows.append(
+            f"| {la['clients']} | {f(la['tok_per_s'])} | {f(lb['tok_per_s'])} | {f(ratio, 3)} "
+            f"| {f(la['ttft_p50_s'])} / {f(lb['ttft_p50_s'])} "
+            f"| {f(la['latency_p50_s'])} / {f(la['latency_p95_s'])} "
+            f"| {f(lb['latency_p50_s'])} / {f(lb['latency_p95_s'])} | {f(p95, 3)} "
+            f"| {f((la['peak_rss'] or 0) / mib, 0)} / {f((lb['peak_rss'] or 0) / mib, 0)} "
+            f"| {f(la.get('observed_peak', 0) / mib, 1)} / {f(la.get('m_max_provable', 0) / mib, 1)} |"
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, help="model folder (default: SmolLM2 as dctms demo has it)")
+    p.add_argument("-N", type=int, default=256)
+    p.add_argument("-M", type=int, default=64)
+    p.add_argument("--levels", default="1,4,8,16")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--decode-concurrency", type=int, default=8)
+    p.add_argument("--under-limit", action="store_true")
+    p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "serve_vs_mlx_lm.json")
+    args = p.parse_args(argv)
+    args.levels = [int(x) for x in args.levels.split(",")]
+    folder = args.model
+    if folder is None:
+        from dctms.toolkit.real_model import prepare, real_model
+
+        folder = prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = Path(tmp) / "serve.plan"
+        subprocess.run(
+            [sys.executable, "-m", "dctms.cli.main", "compile", str(folder), "-N", str(args.N),
+             "-M", str(args.M), "-o", str(plan)], check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        runs = {s: measure_system(s, args, plan, folder) for s in ("dctms", "mlx_lm")}
+        limits = {}
+        if args.under_limit:
+            res = subprocess.run(
+                [sys.executable, "-m", "dctms.cli.main", "resources", f"demo={plan}",
+                 "--format", "json"], capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            limit = json.loads(res.stdout)["limit_bytes"]
+            limits = {s: under_limit(s, args, plan, folder, limit) for s in ("dctms", "mlx_lm")}
+    info = {
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "model": folder.name, "N": args.N, "M": args.M, "requests_per_level": args.requests,
+        "max_tokens": args.max_tokens, "decode_concurrency": args.decode_concurrency,
+    }  # fmt: skip
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"info": info, "runs": runs, "under_limit": limits}, indent=2))
+    print(f"{info['command']} — {info['date']}, {info['machine']}, {info['model']}")
+    if all("levels" in r and r["levels"] for r in runs.values()):
+        print("\n".join(table(runs)))
+    for system, r in limits.items():
+        print(f"under a {r.get('limit', 0):,}-byte cgroup limit, {system}: " + (
+            r["skipped"] if "skipped" in r else
+            f"{sum(lv['answered'] for lv in r['levels'])} of "
+            f"{sum(lv['requests'] for lv in r['levels'])} answered, exit {r['exit']}, "
+            f"OOM kills {r['oom_kills']}, failcnt {r['failcnt']}"
+            + (f", {r['error']}" if r.get("error") else "")))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""bench/serve_vs_mlx_lm.py: its figures (percentiles, per-level aggregates) and, end to end on a
+tiny model, both servers driven through the same client at two levels, under a cgroup limit too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from serve_helpers import build_tiny_models
+
+from dctms.benchmark.serve_clients import Answer, level_figures, percentile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 95) == 5.0
+    assert percentile(values, 0) == 1.0
+    assert percentile([], 50) is None
+
+
+def test_level_figures_count_only_answered_requests() -> None:
+    answers = [
+        Answer(200, 0.1, 1.0, 10, "a"),
+        Answer(200, 0.3, 2.0, 20, "b"),
+        Answer(503, None, 0.1, 0, "", "HTTP 503"),
+    ]
+    fig = level_figures(answers, wall_s=3.0)
+    assert fig["answered"] == 2 and fig["requests"] == 3
+    assert fig["completion_tokens"] == 30 and fig["tok_per_s"] == 10.0
+    assert fig["latency_p95_s"] == 2.0 and fig["ttft_p50_s"] == 0.1
+    assert fig["errors"] == ["HTTP 503"]
+
+
+@pytest.mark.slow
+def test_bench_runs_both_servers_end_to_end(tmp_path: Path) -> None:
+    beta = build_tiny_models(tmp_path)["beta"]  # the tiny model with a chat template
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "serve_vs_mlx_lm.py"), "--model", str(beta.folder),
+         "-N", "256", "-M", "8", "--levels", "1,2", "--requests", "4",
+         "--max-tokens", "4", "--under-limit", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    for system in ("dctms", "mlx_lm"):
+        levels = data["runs"][system]["levels"]
+        assert [lv["clients"] for lv in levels] == [1, 2]
+        assert all(lv["answered"] == lv["requests"] == 4 for lv in levels), levels
+        assert all(lv["completion_tokens"] > 0 and lv["peak_rss"] > 0 for lv in levels)
+    for lv in data["runs"]["dctms"]["levels"]:
+        assert lv["polls"] > 0 and lv["polls_over_provable"] == 0
+        assert lv["observed_peak"] <= lv["m_max_provable"]
+    assert "| 2 |" in proc.stdout  # the table's row for 2 clients
+    limited = data["under_limit"]["dctms"]
+    if "skipped" not in limited:
+        assert limited["oom_kills"] == 0 and limited["exit"] == 0
+        assert all(lv["answered"] == lv["requests"] for lv in limited["levels"])
