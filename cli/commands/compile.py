@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from dctms.cli.compile_options import add_compile_options, add_plan_kind_options, compile_options
+from dctms.cli.hf_cache import add_download_flag, with_hub
 from dctms.cli.progress import progress_printer
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
@@ -37,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
     )
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 
@@ -71,6 +73,7 @@ def _run(args: argparse.Namespace, target) -> int:
 
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_kind(open_model(args.model), opts, plan_kind(args), progress)
+    plan = with_hub(plan, getattr(args, "hub", {}).get("model"))
     if target is not None:
         target.write(encode_plan(plan))
         progress(f"wrote {args.output}")

@@ -21,6 +21,7 @@ from dctms.cli.compile_options import (
     memory_budget,
     plan_kind,
 )
+from dctms.cli.hf_cache import add_download_flag
 from dctms.schema.errors import DctmsError
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="PLAN", help="also write the plan at the fit")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dctms.cli.hf_cache import add_download_flag
 from dctms.figures.units import MIB
 from dctms.schema.errors import DctmsError
 
@@ -90,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     dist.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)
     dist.add_argument("--rank-reports", help=argparse.SUPPRESS)
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 
