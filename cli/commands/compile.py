@@ -23,7 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "folder holding config.json (safetensors optional) or a config.json path."
         ),
     )
-    p.add_argument("model", metavar="MODEL", help="model folder or config.json")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="model folder, config.json, or Hugging Face id ORG/NAME[@REVISION] (cached)",
+    )
     p.add_argument("-N", "--input-tokens", type=int, required=True, help="longest prompt (tokens)")
     p.add_argument("-M", "--output-tokens", type=int, required=True, help="most generated tokens")
     p.add_argument(

@@ -47,7 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "chunk that fits the most tokens. All other options are `dctms compile`'s."
         ),
     )
-    p.add_argument("model", metavar="MODEL", help="model folder or config.json")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="model folder, config.json, or Hugging Face id ORG/NAME[@REVISION] (cached)",
+    )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("-M", "--output-tokens", type=int, help="fixed M: search the largest N")
     which.add_argument("-N", "--input-tokens", type=int, help="fixed N: search the largest M")

@@ -24,7 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("plan", metavar="PLAN")
-    p.add_argument("--model", required=True, metavar="DIR", help="model folder (config + weights)")
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="model folder (config + weights) or Hugging Face id ORG/NAME[@REVISION] (cached)",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json)")
     src.add_argument("--tokens", metavar="IDS", help="prompt as comma-separated token ids")
