@@ -58,7 +58,19 @@ def test_stop_ends_the_generation_before_a_string_spanning_tokens(beta, capsys, 
     assert data["text"] == whole["text"] and data["finish_reason"] == "length"
 
 
-def test_an_empty_stop_string_is_one_line_exit_2(beta, capsys, tmp_path):
-    rc, out, err, data = _run(capsys, beta, tmp_path / "empty.json", "--stop", "")
-    assert rc == 2 and len(err.strip().splitlines()) == 1 and "must not be empty" in err
-    assert data is None  # nothing written
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--stop", ""], "must not be empty"),
+        (["--stop", "x", "--draft-model", "somewhere"], "--draft-model"),
+        (["--stop", "x", "--ranks", "2"], "--ranks"),
+        (["--stop", "x", "--image", "a.png"], "vision-language"),
+    ],
+    ids=["empty", "speculative", "ranks", "vision"],
+)
+def test_stop_where_the_text_is_not_followed_is_refused(beta, capsys, tmp_path, extra, words):
+    rc, out, err, data = _run(capsys, beta, tmp_path / "refused.json", *extra)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+    assert data is None and out == ""  # refused before generating or writing anything

@@ -107,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks != 1 or args.launched:
         from dctms.cli.distributed import run_ranks_command
 
+        if args.stop:
+            raise DctmsError("--stop is not supported with --ranks (distributed runs)")
+
         return run_ranks_command(args)
 
     if args.report is None:
@@ -189,7 +192,8 @@ def _run(args: argparse.Namespace, target) -> int:
 
 def _check_stops(args: argparse.Namespace, plan) -> None:
     """--stop is refused where the text is not followed token by token (speculative decoding's
-    rounds, a vision-language run), and when it is empty (it would end every generation at once)."""
+    rounds, a vision-language run; distributed runs: ``run``), and when it is empty (it would end
+    every generation at once)."""
     if not args.stop:
         return
     if any(s == "" for s in args.stop):
