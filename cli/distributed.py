@@ -46,6 +46,7 @@ EXIT_NO_ANSWER = 4
 
 def compile_ranks_command(args: argparse.Namespace) -> int:
     from dctms.cli.compile_options import compile_options
+    from dctms.cli.hf_cache import with_hub
     from dctms.cli.inputs import model_inputs
     from dctms.schema.io import encode_plan
     from dctms.schema.model_folder import open_model
@@ -73,7 +74,8 @@ def compile_ranks_command(args: argparse.Namespace) -> int:
         plans = compile_ranks(source, opts, progress)
     folder.mkdir(exist_ok=True)
     inputs = model_inputs(args.model)
-    for plan in plans:
+    hub = getattr(args, "hub", {}).get("model")
+    for plan in [with_hub(p, hub) for p in plans]:
         name = PLAN_NAME.format(plan.distributed.rank)
         write_output(folder / name, encode_plan(plan), inputs=inputs, label=f"-o {folder / name}")
     if not args.quiet:

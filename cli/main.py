@@ -8,6 +8,7 @@ import os
 import sys
 from typing import NoReturn
 
+from dctms.cli.hf_cache import MODEL_ARGUMENTS, resolve_model_arguments
 from dctms.schema.errors import DctmsError
 
 # Each module defines ``register(subparsers)`` which adds its parser with ``set_defaults(func=...)``;
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in MODEL_ARGUMENTS:  # ORG/NAME[@REVISION]: its cached snapshot folder
+            resolve_model_arguments(args)
         return int(args.func(args) or 0)
     except DctmsError as err:
         print(f"dctms {args.command}: {one_line(err)}", file=sys.stderr)

@@ -12,10 +12,11 @@ import sys
 
 def run_vision(args: argparse.Namespace, plan, model, target) -> int:
 
-    from dctms.cli.commands.run import envelope_verdict, summary
+    from dctms.cli.commands.run import envelope_verdict, length_line, summary
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, report_bytes
     from dctms.runner.request import validate_request
+    from dctms.runner.stops import finish_reason
     from dctms.runner.tokenize import Tokenizer, eos_ids
     from dctms.runner.vision_input import prepare, read_images
     from dctms.runner.vision_session import VisionSession
@@ -44,8 +45,11 @@ def run_vision(args: argparse.Namespace, plan, model, target) -> int:
         "image_processor": inputs.processor,
         "overlap": plan.vision.overlap and not args.serial and bool(inputs.pixels),
     }
+    report["finish_reason"] = finish_reason(gen.tokens, request.stop, stopped=False)
     if target is not None:
         target.write(report_bytes(report))
     print(text)
+    if report["finish_reason"] == "length":
+        print(length_line(args.max_tokens, plan.bounds.output_tokens), file=sys.stderr)
     print(summary(report), file=sys.stderr)
     return envelope_verdict(report)

@@ -414,6 +414,14 @@ class VisionRequest(_Base):
     overlap: bool = False
 
 
+class HubSource(_Base):
+    """A model named by its Hugging Face id: the repository and the snapshot's commit hash, which
+    ``dctms check`` finds in any machine's Hugging Face cache (no absolute path is recorded)."""
+
+    repo_id: Name
+    revision: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{40}$")]
+
+
 class CompileRequest(_Base):
     """What the plan was compiled from, exactly as asked: the model's config.json and every compile
     option as given (None / the default where the compiler chose), so ``dctms check`` can re-compile
@@ -453,6 +461,9 @@ class CompileRequest(_Base):
     vision: VisionRequest | None = None  # a vision-language plan's image bounds
     draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
     num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
+    # The Hugging Face id the model was named by (`dctms compile ORG/NAME`); None: a folder or a
+    # config.json (absent from the file, so those plans are as before).
+    hub: HubSource | None = None
 
 
 class Distributed(_Base):

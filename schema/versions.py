@@ -19,7 +19,9 @@ projections, so it is refused with the line that says to recompile rather than r
 5, ``CompileRequest.run_ahead`` ("free": lifetimes widened by MLX's own bound on its host's run-ahead,
 no throttle; "throttled": the runner's memory limit holds it to one partial task). A version 4 plan
 also counts every elementwise output as a buffer of its own where MLX donates its input (the compiler
-now plans donation), so it is refused with the line that says to recompile.
+now plans donation), so it is refused with the line that says to recompile. Also within 5:
+``CompileRequest.hub`` (the Hugging Face id and snapshot commit a plan was compiled from), absent
+from plans compiled from a folder or a config, which are byte-identical to before.
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """

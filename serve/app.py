@@ -20,6 +20,7 @@ from starlette.routing import Route
 from dctms.runner.request import Request as RunnerRequest
 from dctms.runner.request import RequestRefused, validate_request
 from dctms.runner.session import Generation
+from dctms.runner.stops import StopText, finish_reason
 from dctms.serve.chat import encode_messages
 from dctms.serve.protocol import (
     ApiError,
@@ -33,7 +34,6 @@ from dctms.serve.protocol import (
     usage,
     usage_chunk,
 )
-from dctms.serve.text import TextStream
 from dctms.serve.worker import Cancelled, Job, QueueFull, ServedModel, Worker
 
 
@@ -176,6 +176,9 @@ class _Call:
         self.created = int(time.time())
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
+        # Fed on the worker thread (which ends the generation at a stop string); read here only
+        # after its "done" event.
+        self.text = StopText(served.tokenizer.decode, req.stop, served.stop_ids)
         self.job = Job(req.model, request, self._on_token, self._on_done)
 
     def submit(self) -> None:
@@ -187,10 +190,18 @@ class _Call:
             raise ApiError(503, str(err), None, "shutting_down") from None
 
     # Called on the worker thread: hand over to the event loop (which may be gone at shutdown).
-    def _on_token(self, token: int) -> None:
-        self._post(("token", token))
+    def _on_token(self, token: int) -> bool:
+        """Release the text ``token`` settles; False (end the generation) at a stop string."""
+        piece = self.text.push(token)
+        if piece:
+            self._post(("text", piece))
+        return not self.text.stopped
 
     def _on_done(self, gen: Generation | None, err: BaseException | None) -> None:
+        if err is None:
+            rest = self.text.finish()  # a tail held back for a stop string that never came
+            if rest:
+                self._post(("text", rest))
         self._post(("done", gen, err))
 
     def _post(self, event: tuple) -> None:
@@ -198,11 +209,7 @@ class _Call:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     def _finish_reason(self, gen: Generation) -> str:
-        stopped = bool(gen.tokens) and gen.tokens[-1] in self.served.stop_ids
-        return "stop" if stopped else "length"
-
-    def _visible(self, gen: Generation) -> list[int]:
-        return [t for t in gen.tokens if t not in self.served.stop_ids]
+        return finish_reason(gen.tokens, self.served.stop_ids, self.text.stopped)
 
     async def _watch(self, request: Request) -> None:
         """Withdraw the job when the client goes away (it is then never run, or ends at its
@@ -227,8 +234,7 @@ class _Call:
         _, gen, err = event
         if err is not None:
             return _error(_as_api_error(err))
-        visible = self._visible(gen)
-        text = self.served.tokenizer.decode(visible)
+        text = self.text.text
         use = usage(len(self.prompt), len(gen.tokens))
         ids = gen.tokens if self.req.return_token_ids else None
         make = chat_body if self.chat else completion_body
@@ -236,7 +242,6 @@ class _Call:
                                  self._finish_reason(gen), use, ids))
 
     async def sse(self, request: Request) -> AsyncIterator[str]:
-        stream = TextStream(self.served.tokenizer.decode, self.served.stop_ids)
         model, rid, created = self.req.model, self.rid, self.created
         finished = False
         try:
@@ -245,20 +250,15 @@ class _Call:
                                        None))
             while True:
                 event = await self.events.get()
-                if event[0] == "token":
-                    piece = stream.push(event[1])
-                    if piece:
-                        yield _data(self._chunk(piece, None))
+                if event[0] == "text":
+                    yield _data(self._chunk(event[1], None))
                     continue
                 _, gen, err = event
                 finished = True
                 if err is not None:
                     yield _data(_as_api_error(err).body())
                     break
-                rest = stream.finish()
                 finish = self._finish_reason(gen)
-                if rest:
-                    yield _data(self._chunk(rest, None))
                 if self.chat:
                     yield _data(chat_chunk(rid, created, model, {}, finish))
                 else:

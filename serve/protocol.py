@@ -1,8 +1,9 @@
 """OpenAI's completion and chat-completion requests, checked against a plan's bounds; responses.
 
 Pure functions over plain data: a request body in, a ``CompletionRequest`` or an ``ApiError`` (HTTP
-status + OpenAI-style error body) out. Decoding is greedy, so a request asking for sampling is
-refused rather than silently answered greedily.
+status + OpenAI-style error body) out. Every field is honoured or refused by the table in
+``serve.fields``: decoding is greedy, so a request asking for sampling is refused rather than
+silently answered greedily, and a field this server does not know is refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dctms.runner.request import (
     TokenOutsideVocabulary,
     TooManyTokens,
 )
+from dctms.serve.fields import BY_NAME, PATHS, RECOMPILE, Endpoint, fields_for
 
 
 class ApiError(Exception):
@@ -47,20 +49,10 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     return_token_ids: bool  # extension: each choice also carries the generated token ids
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one
 
 
-# Sampling parameters and the one value each may take under greedy decoding (None: absent).
-_GREEDY_ONLY: dict[str, tuple[Any, ...]] = {
-    "temperature": (None, 0, 0.0),
-    "top_p": (None, 1, 1.0),
-    "n": (None, 1),
-    "best_of": (None, 1),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-}
-# Features this server does not have: refused when set to anything but "off".
-_UNSUPPORTED = ("stop", "logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "tools",
-                "tool_choice", "functions", "response_format")
+MAX_STOPS = 4  # OpenAI's rule for `stop`
 
 
 def _is_int(value: Any) -> bool:
@@ -70,40 +62,88 @@ def _is_int(value: Any) -> bool:
 def parse_request(body: Any, chat: bool) -> CompletionRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    _check_fields(body, "chat" if chat else "completions")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required (a string naming a served model)", "model")
-    for name, allowed in _GREEDY_ONLY.items():
-        value = body.get(name)
-        if value not in allowed or isinstance(value, bool):
-            raise ApiError(
-                400,
-                f"'{name}' = {value!r} is not supported: this server decodes greedily "
-                f"(allowed: {', '.join(repr(a) for a in allowed if a is not None)} or absent)",
-                name,
-            )
-    for name in _UNSUPPORTED:
-        if body.get(name) not in (None, False, 0, [], {}, ""):
-            raise ApiError(400, f"'{name}' is not supported by this server", name)
     max_tokens = _max_tokens(body, chat)
     stream = body.get("stream", False)
+    if stream is None:
+        stream = False
     if not isinstance(stream, bool):
         raise ApiError(400, "'stream' must be true or false", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise ApiError(400, "'stream_options' must be an object", "stream_options")
-    include_usage = bool(options.get("include_usage", False))
+    include_usage = _include_usage(body.get("stream_options"))
     return_ids = body.get("return_token_ids", False)
     if not isinstance(return_ids, bool):
         raise ApiError(400, "'return_token_ids' must be true or false", "return_token_ids")
+    stop = _stop(body.get("stop"))
     if chat:
         return CompletionRequest(
             model, None, _messages(body.get("messages")), max_tokens, stream, include_usage,
-            return_ids,
-        )
+            return_ids, stop,
+        )  # fmt: skip
     return CompletionRequest(
-        model, _prompt(body.get("prompt")), None, max_tokens, stream, include_usage, return_ids
-    )
+        model, _prompt(body.get("prompt")), None, max_tokens, stream, include_usage, return_ids,
+        stop,
+    )  # fmt: skip
+
+
+def _check_fields(body: dict, endpoint: Endpoint) -> None:
+    """Each field by the table (``serve.fields``): a refused one at a value that asks for
+    something, or one the table does not know for this endpoint, is a 400 naming it and why."""
+    known = fields_for(endpoint)
+    for name, value in body.items():
+        field = known.get(name)
+        if field is None:
+            other = BY_NAME.get(name)
+            where = f"a field of {PATHS[other.endpoints[0]]} only" if other else "an unknown field"
+            raise ApiError(
+                400,
+                f"{name!r} is {where}: this server refuses the fields it does not know "
+                f"for {PATHS[endpoint]} (README Serving lists them)",
+                name,
+                "unknown_field",
+            )
+        if field.verdict in ("honoured", "ignored") or field.asks_nothing(value):
+            continue
+        shown = _short(value)
+        if field.verdict == "greedy":
+            raise ApiError(400, f"{name!r} = {shown} is {RECOMPILE}", name, "greedy_plan")
+        raise ApiError(400, f"{name!r} = {shown} is not supported: {field.why}", name,
+                       "unsupported_field")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _include_usage(options: Any) -> bool:
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    value = options.get("include_usage", False)
+    if not isinstance(value, bool):
+        raise ApiError(400, "'stream_options.include_usage' must be true or false",
+                       "stream_options")
+    return value
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    """OpenAI's ``stop``: a string or a list of up to 4 strings (null or [] for none)."""
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError(400, "'stop' must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOPS:
+        raise ApiError(400, f"'stop' has {len(stops)} strings, at most {MAX_STOPS} are allowed",
+                       "stop")
+    if any(s == "" for s in stops):
+        raise ApiError(400, "'stop' holds an empty string, which would end every generation "
+                       "before its first token", "stop")
+    return tuple(stops)
 
 
 def _max_tokens(body: dict, chat: bool) -> int | None:

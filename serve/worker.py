@@ -55,8 +55,9 @@ class ServedModel:
 class Job:
     model: str
     request: Request  # validated by the HTTP layer against this model's plan (validate_request)
-    # Both are called on the worker thread: every token as it is read, then the outcome once.
-    on_token: Callable[[int], None]
+    # Both are called on the worker thread: every token as it is read (False ends the generation
+    # there: a stop string), then the outcome once.
+    on_token: Callable[[int], bool | None]
     on_done: Callable[[Generation | None, BaseException | None], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -179,8 +180,8 @@ class Worker:
         session.apply_limits(foreign)
 
         def on_token(token: int) -> bool:
-            job.on_token(token)
-            return not job.cancelled.is_set()
+            wanted = job.on_token(token) is not False
+            return wanted and not job.cancelled.is_set()
 
         gen = session.generate(job.request, on_token)
         if job.cancelled.is_set():

@@ -134,3 +134,16 @@ def run_tokens(
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(report.read_text())["tokens"]
+
+
+def two_token_stop(tokenizer, tokens: list[int]) -> tuple[str, int]:
+    """A stop string of two generated tokens' text, first found where they were generated (not
+    at the start): the string and the index of its second token."""
+    for k in range(1, len(tokens) - 1):
+        pair = tokenizer.decode(tokens[k : k + 2])
+        if "\ufffd" in pair or len(pair) < 2:
+            continue
+        whole = tokenizer.decode(tokens[: k + 2])
+        if whole.find(pair) == len(whole) - len(pair):
+            return pair, k + 1
+    raise AssertionError(f"no two printable tokens in {tokens}")

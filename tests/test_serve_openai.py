@@ -15,7 +15,15 @@ import pytest
 # In the test extra; a venv set up before it was added skips here instead of failing to collect
 # every other test (`make setup` installs it).
 openai = pytest.importorskip("openai")
-from serve_helpers import ServerProcess, build_tiny_models, dctms_command, run_tokens  # noqa: E402
+from serve_helpers import (  # noqa: E402
+    ServerProcess,
+    build_tiny_models,
+    dctms_command,
+    run_tokens,
+    two_token_stop,
+)
+
+from dctms.runner.tokenize import Tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.slow  # one server process for the module: ~10 s in all
 
@@ -168,9 +176,83 @@ def test_unknown_model_is_404(client):
 def test_sampling_is_refused_rather_than_ignored(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="alpha", prompt="hi", max_tokens=2, temperature=0.7)
-    assert "greedily" in str(err.value)
+    assert "'temperature'" in str(err.value) and "--sampling" in str(err.value)
     ok = client.completions.create(model="alpha", prompt="hi", max_tokens=2, temperature=0)
     assert ok.choices
+
+
+def test_stop_ends_completions_streamed_or_not_before_a_string_spanning_tokens(client, models):
+    served, prompt = models["beta"], "stream me"
+    whole = client.completions.create(
+        model="beta", prompt=prompt, max_tokens=served.m, extra_body={"return_token_ids": True}
+    )
+    ids, text = whole.choices[0].model_extra["token_ids"], whole.choices[0].text
+    assert len(ids) == served.m and whole.choices[0].finish_reason == "length"
+    stop, last = two_token_stop(Tokenizer(served.folder), ids)
+    want = text[: text.find(stop)]
+    got = client.completions.create(
+        model="beta", prompt=prompt, max_tokens=served.m, stop=["never!", stop],
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    choice = got.choices[0]
+    assert (choice.text, choice.finish_reason) == (want, "stop")
+    assert choice.model_extra["token_ids"] == ids[: last + 1]  # ended at the stop's last token
+    assert got.usage.completion_tokens == last + 1
+    pieces, finishes = [], []
+    for chunk in client.completions.create(
+        model="beta", prompt=prompt, max_tokens=served.m, stop=stop, stream=True
+    ):
+        for c in chunk.choices:
+            pieces.append(c.text)
+            finishes.append(c.finish_reason)
+    assert "".join(pieces) == want and finishes[-1] == "stop"
+    # a stop string that never comes: the held-back tails are all released
+    never = client.completions.create(model="beta", prompt=prompt, max_tokens=served.m,
+                                      stop=text[-1] + "never")  # fmt: skip
+    assert never.choices[0].text == text and never.choices[0].finish_reason == "length"
+
+
+def test_stop_in_chat_streamed_equals_unstreamed(client, models):
+    served = models["beta"]
+    messages = [{"role": "user", "content": "stop here"}]
+    whole = client.chat.completions.create(
+        model="beta", messages=messages, max_tokens=served.m, extra_body={"return_token_ids": True}
+    )
+    ids = whole.choices[0].model_extra["token_ids"]
+    stop, last = two_token_stop(Tokenizer(served.folder), ids)
+    content = whole.choices[0].message.content
+    got = client.chat.completions.create(model="beta", messages=messages, max_tokens=served.m,
+                                         stop=stop)  # fmt: skip
+    assert got.choices[0].message.content == content[: content.find(stop)]
+    assert got.choices[0].finish_reason == "stop"
+    deltas = list(client.chat.completions.create(
+        model="beta", messages=messages, max_tokens=served.m, stop=stop, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    streamed = "".join(d.choices[0].delta.content or "" for d in deltas if d.choices)
+    assert streamed == got.choices[0].message.content
+    assert [d.choices[0].finish_reason for d in deltas if d.choices][-1] == "stop"
+    assert deltas[-1].usage.completion_tokens == got.usage.completion_tokens == last + 1
+
+
+def test_the_usual_greedy_fields_of_the_openai_client_are_answered(client):
+    got = client.chat.completions.create(
+        model="beta", messages=[{"role": "user", "content": "usual"}], max_completion_tokens=6,
+        temperature=0, top_p=1, n=1, stop=["\n\n"], user="someone", stream=False,
+        presence_penalty=0, frequency_penalty=0, metadata={"team": "memory"},
+        response_format={"type": "text"}, store=False, service_tier="auto",
+        parallel_tool_calls=False,
+    )  # fmt: skip
+    assert got.choices[0].finish_reason in ("stop", "length") and got.usage.completion_tokens <= 6
+    for extra in ({"tools": [{"type": "function", "function": {"name": "f"}}]}, {"n": 2}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model="beta", messages=[{"role": "user", "content": "x"}], **extra
+            )
+        assert repr(next(iter(extra))) in str(err.value)
+    with pytest.raises(openai.BadRequestError) as err:  # a misspelt field is not ignored
+        client.completions.create(model="alpha", prompt="x", extra_body={"max_token": 3})
+    assert "'max_token'" in str(err.value)
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ import pytest
 from conftest import make_tiny_plan
 
 from dctms.runner.request import RequestRefused, validate_request
+from dctms.runner.stops import StopText
 from dctms.schema.errors import DctmsError
 from dctms.serve.protocol import ApiError, parse_request, refusal
 from dctms.serve.spec import parse_plan_specs
-from dctms.serve.text import TextStream
 
 
 def test_a_plain_completion_request():
@@ -45,7 +45,9 @@ def test_chat_request_flattens_text_parts():
         ({"model": "m", "prompt": "x", "top_p": 0.9}, "top_p"),
         ({"model": "m", "prompt": "x", "n": 2}, "n"),
         ({"model": "m", "prompt": "x", "n": True}, "n"),
-        ({"model": "m", "prompt": "x", "stop": ["\n"]}, "stop"),
+        ({"model": "m", "prompt": "x", "stop": [""]}, "stop"),
+        ({"model": "m", "prompt": "x", "stop": 5}, "stop"),
+        ({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"model": "m", "prompt": "x", "logprobs": 2}, "logprobs"),
         ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
@@ -116,7 +118,7 @@ def _byte_decode(ids: list[int]) -> str:
 
 def test_text_stream_never_splits_a_character_and_adds_up():
     ids = list("héllo €!".encode()) + [0xFF, 0x41]  # multi-byte characters, then an invalid byte
-    stream = TextStream(_byte_decode, hidden={256})
+    stream = StopText(_byte_decode, hidden={256})
     pieces = [stream.push(t) for t in ids + [256]]
     pieces.append(stream.finish())
     assert "".join(pieces) == _byte_decode(ids)
@@ -125,7 +127,7 @@ def test_text_stream_never_splits_a_character_and_adds_up():
 
 
 def test_text_stream_flushes_an_incomplete_tail_at_the_end():
-    stream = TextStream(_byte_decode)
+    stream = StopText(_byte_decode)
     assert stream.push(0xE2) == "" and stream.push(0x82) == ""
     assert stream.finish() == "\ufffd"
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
+
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError, PlanError
 from dctms.schema.io import decode_plan, encode_plan, write_plan
@@ -127,6 +129,10 @@ def check_plan(
         return CheckResult(source_name, "edited", reason, command)
 
     fresh = compile_kind(source, options_of(request), kind_of(request), progress)
+    if request.hub is not None:  # where the model came from: provenance, not compiled
+        fresh = msgspec.structs.replace(
+            fresh, compile=msgspec.structs.replace(fresh.compile, hub=request.hub)
+        )
     fresh_bytes = encode_plan(fresh)
     if fresh_bytes == data:
         return CheckResult(source_name, "ok", "", command, fresh)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from dctms.benchmark.loading import ALTERNATE, LOAD_ORDERS, Loaded
+from dctms.cli.hf_cache import add_download_flag
 
 DEFAULT_REPS = 5
 DEFAULT_MAX_TOKENS = 32
@@ -89,6 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the figures")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 

@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dctms.cli.hf_cache import add_download_flag
 from dctms.schema.errors import DctmsError, PlanError
 
 
@@ -39,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replace each stale plan with its re-compile (edited plans are left alone)",
     )
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 
@@ -53,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for path in args.plans:
         try:
-            result = check_plan(path, model=model, write=args.write)
+            recorded = None if model is not None else recorded_hub_model(path, args.download)
+            result = check_plan(path, model=model or recorded, write=args.write)
         except PlanError as err:
             for problem in err.problems:
                 print(problem.line(err.source), file=sys.stderr)
@@ -69,3 +72,28 @@ def run(args: argparse.Namespace) -> int:
             print(result.line(), file=sys.stderr)
             status = max(status, 1)
     return status
+
+
+def recorded_hub_model(path: str, download: bool) -> str | None:
+    """The snapshot folder of the Hugging Face id and commit a plan records (``compile
+    ORG/NAME``), found in this machine's cache; None for a plan compiled from a folder or a config,
+    or one whose snapshot is not cached and that records no weight hashes (its recorded config is
+    then compiled, as for any plan). A plan that needs its weights and cannot find them is one line
+    naming the cache and the fetch command."""
+    from dctms.cli.hf_cache import find_snapshot
+    from dctms.schema.io import read_plan
+
+    try:
+        plan = read_plan(path)
+    except (DctmsError, OSError):
+        return None  # check_plan reports it
+    hub = plan.compile.hub if plan.compile is not None else None
+    if hub is None:
+        return None
+    try:
+        label = f"{path}: records the Hugging Face id {hub.repo_id}, but"
+        return str(find_snapshot(hub.repo_id, hub.revision, download, label).path)
+    except DctmsError:
+        if plan.model.weights.files_sha256 is None:
+            return None
+        raise

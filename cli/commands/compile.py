@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from dctms.cli.compile_options import add_compile_options, add_plan_kind_options, compile_options
+from dctms.cli.hf_cache import add_download_flag, with_hub
 from dctms.cli.progress import progress_printer
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
@@ -22,7 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "folder holding config.json (safetensors optional) or a config.json path."
         ),
     )
-    p.add_argument("model", metavar="MODEL", help="model folder or config.json")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="model folder, config.json, or Hugging Face id ORG/NAME[@REVISION] (cached)",
+    )
     p.add_argument("-N", "--input-tokens", type=int, required=True, help="longest prompt (tokens)")
     p.add_argument("-M", "--output-tokens", type=int, required=True, help="most generated tokens")
     p.add_argument(
@@ -37,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
     )
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 
@@ -71,6 +77,7 @@ def _run(args: argparse.Namespace, target) -> int:
 
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_kind(open_model(args.model), opts, plan_kind(args), progress)
+    plan = with_hub(plan, getattr(args, "hub", {}).get("model"))
     if target is not None:
         target.write(encode_plan(plan))
         progress(f"wrote {args.output}")

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from dctms.cli.hf_cache import add_download_flag
 from dctms.schema.errors import DctmsError
 
 
@@ -40,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="model folder or config.json to re-compile (default: the config the plan records)",
     )
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 

@@ -21,6 +21,7 @@ from dctms.cli.compile_options import (
     memory_budget,
     plan_kind,
 )
+from dctms.cli.hf_cache import add_download_flag
 from dctms.schema.errors import DctmsError
 
 if TYPE_CHECKING:
@@ -46,7 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "chunk that fits the most tokens. All other options are `dctms compile`'s."
         ),
     )
-    p.add_argument("model", metavar="MODEL", help="model folder or config.json")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="model folder, config.json, or Hugging Face id ORG/NAME[@REVISION] (cached)",
+    )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("-M", "--output-tokens", type=int, help="fixed M: search the largest N")
     which.add_argument("-N", "--input-tokens", type=int, help="fixed N: search the largest M")
@@ -80,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="PLAN", help="also write the plan at the fit")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 

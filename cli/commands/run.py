@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dctms.cli.hf_cache import add_download_flag
 from dctms.figures.units import MIB
+from dctms.schema.errors import DctmsError
 
 EXIT_OVER_ENVELOPE = 3
 
@@ -22,7 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("plan", metavar="PLAN")
-    p.add_argument("--model", required=True, metavar="DIR", help="model folder (config + weights)")
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="model folder (config + weights) or Hugging Face id ORG/NAME[@REVISION] (cached)",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json)")
     src.add_argument("--tokens", metavar="IDS", help="prompt as comma-separated token ids")
@@ -43,6 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="speculative decoding with this draft model (the plan must be compiled with --draft)",
     )
     p.add_argument("--max-tokens", type=int, help="tokens to generate (default: the plan's M)")
+    p.add_argument(
+        "--stop",
+        action="append",
+        metavar="TEXT",
+        help="end the generation at the first occurrence of TEXT, which the output then omits "
+        "(repeatable; matched on the decoded text, so it may span tokens)",
+    )
     p.add_argument("--report", metavar="FILE", help="write the JSON run report here")
     p.add_argument(
         "--verify-weights",
@@ -82,6 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     dist.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)
     dist.add_argument("--rank-reports", help=argparse.SUPPRESS)
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 
@@ -91,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks != 1 or args.launched:
         from dctms.cli.distributed import run_ranks_command
+
+        if args.stop:
+            raise DctmsError("--stop is not supported with --ranks (distributed runs)")
 
         return run_ranks_command(args)
 
@@ -112,16 +130,23 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, report_bytes
     from dctms.runner.session import Session
+    from dctms.runner.stops import StopText, finish_reason
     from dctms.schema.model_folder import open_model_folder
 
     plan = load_checked_plan(args.plan)
     model = open_model_folder(args.model)
+    _check_stops(args, plan)
     if plan.vision is not None or args.image:
         from dctms.cli.run_vision import run_vision
 
         return run_vision(args, plan, model, target)
     request, tokenizer = prompt_request(args, plan, model)
     prompt = list(request.prompt)
+    stops = None
+    if args.stop:
+        if tokenizer is None:
+            raise DctmsError(f"--stop needs the text: {model.path} has no tokenizer.json")
+        stops = StopText(tokenizer.decode, args.stop)
     draft = open_model_folder(args.draft_model) if args.draft_model else None
     with RssSampler() as rss:
         recorded = None
@@ -134,8 +159,11 @@ def _run(args: argparse.Namespace, target) -> int:
         else:
             session = Session(plan, model, verify_hashes=args.verify_weights)
             recorded = session.prerecord([request])  # set-up: reported, not in TTFT
-            gen = session.generate(request)
-    text = tokenizer.decode(gen.tokens) if args.prompt is not None else None
+            gen = session.generate(request, _until_stop(stops))
+    text = None
+    if args.prompt is not None:
+        text = stops.text if stops is not None else tokenizer.decode(gen.tokens)
+    reason = finish_reason(gen.tokens, request.stop, stops is not None and stops.stopped)
     peak = (spec.target if draft is not None else session).observed_peak()
     report = build_report(plan, gen, peak, rss.peak, rss.series, text, prompt)
     report["weights"] = (spec.target if draft is not None else session).weight_allocation.to_dict()
@@ -143,9 +171,14 @@ def _run(args: argparse.Namespace, target) -> int:
         report["setup"] = {"recorded_points": recorded.points, "record_s": recorded.seconds}
     if draft is not None:
         report["speculative"] = speculative_summary(gen)
+    report["finish_reason"] = reason
+    if stops is not None and stops.stopped:
+        report["stop"] = stops.stopped_at
     if target is not None:
         target.write(report_bytes(report))
     print(text if text is not None else ",".join(map(str, gen.tokens)))
+    if reason == "length":
+        print(length_line(args.max_tokens, plan.bounds.output_tokens), file=sys.stderr)
     print(summary(report), file=sys.stderr)
     if "speculative" in report:
         sp = report["speculative"]
@@ -155,6 +188,39 @@ def _run(args: argparse.Namespace, target) -> int:
             file=sys.stderr,
         )
     return envelope_verdict(report)
+
+
+def _check_stops(args: argparse.Namespace, plan) -> None:
+    """--stop is refused where the text is not followed token by token (speculative decoding's
+    rounds, a vision-language run; distributed runs: ``run``), and when it is empty (it would end
+    every generation at once)."""
+    if not args.stop:
+        return
+    if any(s == "" for s in args.stop):
+        raise DctmsError("--stop '': a stop string must not be empty")
+    if args.draft_model:
+        raise DctmsError("--stop is not supported with --draft-model (speculative decoding)")
+    if plan.vision is not None or args.image:
+        raise DctmsError("--stop is not supported for a vision-language plan")
+
+
+def _until_stop(stops):
+    """``Session.generate``'s ``on_token``: feed the text, end the generation at a stop string."""
+    if stops is None:
+        return None
+
+    def on_token(token: int) -> bool:
+        stops.push(token)
+        return not stops.stopped
+
+    return on_token
+
+
+def length_line(max_tokens: int | None, plan_m: int) -> str:
+    """The one stderr line of a run that ended at its token bound, not at a stop."""
+    if max_tokens is not None:
+        return f"stopped at --max-tokens {max_tokens}"
+    return f"stopped at the plan bound M = {plan_m}"
 
 
 def envelope_verdict(report: dict) -> int:
@@ -173,7 +239,6 @@ def prompt_request(args: argparse.Namespace, plan, model):
     """The validated request (and the tokenizer, when one is used) that the prompt options ask for."""
     from dctms.runner.request import validate_request
     from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids, parse_token_list
-    from dctms.schema.errors import DctmsError
 
     if args.prompt is not None:
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dctms.cli.hf_cache import add_download_flag
 from dctms.schema.errors import DctmsError
 
 
@@ -27,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         metavar="PLAN=MODEL_DIR",
-        help="a plan and its model folder, served as the plan file's stem; "
-        "NAME=PLAN=MODEL_DIR picks the name (repeat for several models)",
+        help="a plan and its model folder (or Hugging Face id ORG/NAME[@REVISION]), served as "
+        "the plan file's stem; NAME=PLAN=MODEL_DIR picks the name (repeat for several models)",
     )
     p.add_argument("--memory", metavar="SIZE", help="budget, e.g. 16GiB (default: physical RAM)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -46,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level; info also logs every request (default warning)",
     )
+    add_download_flag(p)
     p.set_defaults(func=run)
 
 
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_queue < 1:
         raise DctmsError(f"--max-queue must be at least 1, got {args.max_queue}")
-    specs = parse_plan_specs(args.plan)
+    specs = [hub_folder(s, args.download) for s in parse_plan_specs(args.plan)]
     plans = [load_checked_plan(s.plan) for s in specs]
     if args.memory is None:
         budget = psutil.virtual_memory().total
@@ -107,3 +109,13 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
     print("dctms serve: stopped", file=sys.stderr)
     return 0
+
+
+def hub_folder(spec, download: bool):
+    """``spec`` with a model named by its Hugging Face id replaced by its cached snapshot folder."""
+    import dataclasses
+
+    from dctms.cli.hf_cache import resolve_model
+
+    hub = resolve_model(str(spec.model_dir), download)
+    return spec if hub is None else dataclasses.replace(spec, model_dir=hub.path)
