@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo serve-demo test test-quick lint plans bench setup clean
+.PHONY: demo serve-demo test test-quick lint plans bench docs setup clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,12 @@ plans: $(STAMP)
 	$(BIN)/dctms compile plans/configs/qwen2.5-1.5b-instruct-4bit.json -N 2048 -M 256 -o plans/qwen1.5b.plan
 	$(BIN)/dctms compile plans/configs/qwen2.5-7b-instruct-4bit.json -N 2048 -M 256 -o plans/qwen7b.plan
 
+# The documentation site: the reference pages regenerated from the code (argparse parsers, plan
+# schema, verifier registry), then `mkdocs build --strict` into site/ (tests/test_docs.py checks both).
+docs: $(STAMP)
+	$(BIN)/python scripts/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
 # Planner quality and speed, then the runner against stock mlx-lm (interleaved A/B, ratios).
 bench: $(STAMP)
 	$(BIN)/python bench/planner.py
@@ -59,4 +65,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/tui_startup.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) site .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -1,7 +1,9 @@
-"""The README's checked examples are what the tool prints today: every fenced block that follows
-the marker ``<!-- output checked by tests/test_readme_examples.py -->`` holds ``$ dctms ...``
-command lines, each followed by its exact output (standard output and standard error, as a
-terminal shows them); this test runs each command from the repository root and compares."""
+"""The checked examples of the README and of the documentation site (every page under ``docs/``) are
+what the tool prints today: every fenced block that follows the marker
+``<!-- output checked by tests/test_readme_examples.py -->`` holds ``$ dctms ...`` command lines,
+each followed by its exact output (standard output and standard error, as a terminal shows them);
+this test runs each command from the repository root and compares. A page's generated reference
+(docs/reference) is checked by tests/test_docs.py instead."""
 
 from __future__ import annotations
 
@@ -18,26 +20,52 @@ MARKER = "<!-- output checked by tests/test_readme_examples.py -->"
 BLOCK = re.compile(re.escape(MARKER) + r"\s*```[a-z]*\n(.*?)```", re.S)
 
 
-def examples() -> list[tuple[str, str]]:
-    """(command line, expected output) for every command in a checked block."""
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def page_examples(page: Path) -> list[tuple[str, str]]:
+    """(command line, expected output) for every command in a checked block of ``page``."""
     out = []
-    for block in BLOCK.findall((ROOT / "README.md").read_text()):
+    for block in BLOCK.findall(page.read_text()):
         for chunk in re.split(r"^\$ ", block, flags=re.M)[1:]:
             command, _, expected = chunk.partition("\n")
             out.append((command, expected))
     return out
 
 
-def test_the_readme_has_checked_examples() -> None:
-    assert len(examples()) >= 2  # a marker whose block lost its commands would check nothing
+def examples() -> list[tuple[str, str, str]]:
+    """(page, command line, expected output) over the README and every docs page."""
+    return [
+        (page.relative_to(ROOT).as_posix(), command, expected)
+        for page in PAGES
+        for command, expected in page_examples(page)
+    ]
 
 
-@pytest.mark.parametrize("command,expected", examples(), ids=lambda v: v[:60])
-def test_readme_example_output_is_current(command: str, expected: str) -> None:
+def test_the_readme_and_docs_have_checked_examples() -> None:
+    # a marker whose block lost its commands would check nothing
+    assert len(page_examples(ROOT / "README.md")) >= 2
+    assert len(examples()) > len(page_examples(ROOT / "README.md"))
+
+
+def test_a_marker_before_no_block_is_an_error() -> None:
+    """Every marker is followed by a fenced block (a marker left alone checks nothing silently)."""
+    for page in PAGES:
+        text = page.read_text()
+        assert text.count(MARKER) == len(BLOCK.findall(text)), page
+
+
+EXAMPLES = examples()
+
+
+@pytest.mark.parametrize(
+    "page,command,expected", EXAMPLES, ids=[f"{p}: {c[:60]}" for p, c, _ in EXAMPLES]
+)
+def test_readme_example_output_is_current(page: str, command: str, expected: str) -> None:
     argv = shlex.split(command)
     assert argv[0] == "dctms", command
     proc = subprocess.run(
         [sys.executable, "-m", "dctms.cli.main", *argv[1:]],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert proc.stdout + proc.stderr == expected, f"README example is stale: {command}"
+    assert proc.stdout + proc.stderr == expected, f"{page}: example is stale: {command}"
