@@ -88,10 +88,10 @@ def argument_help(parser: argparse.ArgumentParser, action: argparse.Action) -> s
         extras.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
     default = action.default
     if (
-        action.option_strings
+        "default" not in action.help
+        and action.option_strings
         and action.nargs != 0
         and default not in (None, argparse.SUPPRESS, [], "")
-        and "%(default)" not in action.help
     ):
         extras.append(f"default `{default}`")
     return cell(text) + "".join(f" ({cell(e)})" for e in extras)
@@ -169,8 +169,33 @@ def type_of(schema: dict) -> str:
     return kind + (f" ({', '.join(limits)})" if limits else "")
 
 
+def field_comments() -> dict[tuple[str, str], str]:
+    """(class, field) -> the comment ``schema/types.py`` gives the field: on its line, or the
+    comment lines right above it (the schema itself has no per-field text)."""
+    lines = (ROOT / "schema" / "types.py").read_text().splitlines()
+    out: dict[tuple[str, str], str] = {}
+    for node in ast.parse("\n".join(lines)).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
+                continue
+            line = lines[item.lineno - 1]
+            above = []
+            at = item.lineno - 2
+            while at >= 0 and lines[at].strip().startswith("#"):
+                above.insert(0, lines[at].strip().lstrip("# "))
+                at -= 1
+            trailing = line.split("  # ", 1)[1] if "  # " in line else ""
+            text = " ".join([*above, trailing]).strip()
+            if text:
+                out[(node.name, item.target.id)] = text
+    return out
+
+
 def plan_format_page() -> str:
     schema = json.loads((ROOT / "schema" / "plan.schema.json").read_text())
+    comments = field_comments()
     lines = [
         HEADER.format(source="schema/plan.schema.json"),
         "# Plan file format\n\n",
@@ -189,11 +214,12 @@ def plan_format_page() -> str:
         if not props:
             lines.append(f"Type: {type_of(definition)}.\n\n")
             continue
-        lines.append("| field | type | default |\n|---|---|---|\n")
+        lines.append("| field | type | default | meaning |\n|---|---|---|---|\n")
         for field, spec in props.items():
             label = f"**`{field}`**" if field in required else f"`{field}`"
             default = f"`{json.dumps(spec['default'])}`" if "default" in spec else ""
-            lines.append(f"| {label} | {type_of(spec)} | {default} |\n")
+            meaning = cell(comments.get((name, field), "")).replace("\\_", "_")
+            lines.append(f"| {label} | {type_of(spec)} | {default} | {meaning} |\n")
         lines.append("\n")
     return "".join(lines).rstrip("\n") + "\n"
 

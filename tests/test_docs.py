@@ -5,6 +5,7 @@ cannot render fails the build)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,18 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     api = (tmp_path / "site" / "reference" / "python-api" / "index.html").read_text()
     for name in ("read_plan", "write_plan", "compile_plan", "fit", "check_plan", "FitResult"):
         assert f'id="dctms.{name}"' in api, f"the Python API page lost {name}'s docstring"
+
+
+# Words a reader outside the project cannot follow: the project's issue numbers, its private notes.
+INSIDER = re.compile(r"\bissues? #?\d+\b|shared/|DESIGN\.md", re.I)
+
+
+def test_docs_use_no_insider_references() -> None:
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    found = [
+        f"{page.relative_to(ROOT)}:{n}: {m.group(0)}"
+        for page in pages
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        for m in INSIDER.finditer(line)
+    ]
+    assert found == []
