@@ -2,8 +2,10 @@
 what the tool prints today: every fenced block that follows the marker
 ``<!-- output checked by tests/test_readme_examples.py -->`` holds ``$ dctms ...`` command lines,
 each followed by its exact output (standard output and standard error, as a terminal shows them);
-this test runs each command from the repository root and compares. A page's generated reference
-(docs/reference) is checked by tests/test_docs.py instead."""
+this test runs each command from the repository root and compares. A line ``...`` alone in an
+expected output stands for lines left out (a long output shown by its first and last lines): the
+lines around it must match, in order, with the first ones first and the last ones last. A page's
+generated reference (docs/reference) is checked by tests/test_docs.py instead."""
 
 from __future__ import annotations
 
@@ -55,6 +57,27 @@ def test_a_marker_before_no_block_is_an_error() -> None:
         assert text.count(MARKER) == len(BLOCK.findall(text)), page
 
 
+ELISION = "...\n"
+
+
+def matches(expected: str, actual: str) -> bool:
+    """``actual`` is ``expected``, where each line ``...`` stands for any run of whole lines."""
+    pieces = re.split(r"^\.\.\.\n", expected, flags=re.M)
+    pattern = r"(?:.*\n)?".join(re.escape(piece) for piece in pieces)
+    return re.fullmatch(pattern, actual, flags=re.S) is not None
+
+
+def test_an_elision_stands_for_whole_lines_only() -> None:
+    actual = "first\nsecond\nthird\nlast\n"
+    assert matches(actual, actual)
+    assert matches("first\n...\nlast\n", actual)
+    assert matches("first\nsecond\n...\n", actual)
+    assert not matches("first\n...\nthird\n", actual)  # the last shown line must be the last
+    assert not matches("second\n...\nlast\n", actual)  # the first shown line must be the first
+    assert not matches("first\n...\nast\n", actual)  # never part of a line
+    assert not matches("first\nlast\n", actual)  # without the marker, nothing is left out
+
+
 EXAMPLES = examples()
 
 
@@ -68,4 +91,4 @@ def test_readme_example_output_is_current(page: str, command: str, expected: str
         [sys.executable, "-m", "dctms.cli.main", *argv[1:]],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert proc.stdout + proc.stderr == expected, f"{page}: example is stale: {command}"
+    assert matches(expected, proc.stdout + proc.stderr), f"{page}: example is stale: {command}"
