@@ -129,6 +129,7 @@ def build_app(worker: Worker, pool: dict, hosts: frozenset[str], api_key: str | 
 
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app.router.redirect_slashes = False  # "/v1/completions/" is no route (404), not a redirect
     app.state.server = state
     return Guard(app, hosts, api_key)
 

@@ -23,6 +23,8 @@ ANY_HOST = "*"
 # A head that arrives in pieces is cut at 16 KiB by h11 (``server.MAX_HEAD_BYTES``); one that
 # arrives in a single read can be larger, and is refused here.
 MAX_HEADER_BYTES = 16 * 1024
+# Headers whose second copy could make two readers disagree (which Host? which media type?).
+SINGLE_HEADERS = (b"host", b"authorization", b"content-type")
 
 
 def resolve_api_key(option: str | None, environ: Mapping[str, str]) -> str | None:
@@ -73,7 +75,8 @@ def host_allowed(header: str, names: frozenset[str]) -> bool:
 
 
 class Guard:
-    """ASGI middleware: the Host check (403), then the API key (401), for every HTTP request."""
+    """ASGI middleware for every HTTP request: headers too large (431) or repeated (400), then
+    the Host check (403), then the API key (401)."""
 
     def __init__(self, app, names: frozenset[str], api_key: str | None):
         self.app = app
@@ -88,7 +91,13 @@ class Guard:
             await reject(send, 431, f"the request's headers exceed {MAX_HEADER_BYTES} bytes",
                          "headers_too_large")
             return
-        headers = dict(scope["headers"])  # lower-cased names; a repeated header: the last one
+        names = [name for name, _ in scope["headers"]]
+        for name in SINGLE_HEADERS:
+            if names.count(name) > 1:
+                await reject(send, 400, f"the {name.decode()} header is repeated",
+                             "repeated_header")
+                return
+        headers = dict(scope["headers"])  # lower-cased names, each at most once (above)
         host = headers.get(b"host", b"").decode("latin-1")
         if not host_allowed(host, self.names):
             await reject(send, 403, f"Host {host!r} is not one of this server's names; a proxy "

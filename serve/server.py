@@ -126,6 +126,7 @@ def run(app, sock: socket.socket, log_level: str = "warning",
         app,
         http=GuardedH11,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        ws="none",  # no WebSocket routes: an Upgrade header is ignored, the request served as HTTP
         log_level=log_level,
         access_log=log_level in ("info", "debug"),
         timeout_graceful_shutdown=5,

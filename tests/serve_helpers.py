@@ -195,6 +195,8 @@ def exchange(address: tuple[str, int], data: bytes, timeout_s: float = 30.0) -> 
 
 
 def parse_reply(raw: bytes) -> Reply:
+    while raw.startswith(b"HTTP/1.1 1"):  # an interim 1xx (100 Continue): the reply follows
+        raw = raw.partition(b"\r\n\r\n")[2]
     head, sep, body = raw.partition(b"\r\n\r\n")
     if not sep:
         raise ValueError(f"no complete HTTP reply: {raw[:200]!r}")
