@@ -55,7 +55,7 @@ PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/status", "/m
          "/v1/completions?x=1", "/v1/../status", "/v1/%63ompletions", "/%00", "/v1/completions%00",
          "/" + "a" * 3000, "//v1//completions", "/v1/completions#frag",
          "/v1/models/alpha"]  # fmt: skip
-METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "get", "PoSt",
+METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "HEAD", "get", "PoSt",
            "BREW", "M-SEARCH"]  # fmt: skip
 CONTENT_TYPES = ["application/json", "application/json; charset=utf-8", "APPLICATION/JSON",
                  "application/json;charset=latin-1", "text/plain", "text/plain; charset=utf-8",

@@ -172,7 +172,7 @@ def http_request(
 
 def exchange(address: tuple[str, int], data: bytes, timeout_s: float = 30.0) -> Reply:
     """Send ``data`` on a fresh connection and read the reply until the server closes it; a reply
-    not complete within ``timeout_s`` raises ``TimeoutError``."""
+    not complete within ``timeout_s`` raises ``TimeoutError``. (A HEAD's reply has no body.)"""
     deadline = time.monotonic() + timeout_s
     with socket.create_connection(address, timeout=timeout_s) as s:
         try:
@@ -191,10 +191,10 @@ def exchange(address: tuple[str, int], data: bytes, timeout_s: float = 30.0) -> 
             if not chunk:
                 break
             chunks.append(chunk)
-    return parse_reply(b"".join(chunks))
+    return parse_reply(b"".join(chunks), no_body=data[:5].upper() == b"HEAD ")
 
 
-def parse_reply(raw: bytes) -> Reply:
+def parse_reply(raw: bytes, no_body: bool = False) -> Reply:
     while raw.startswith(b"HTTP/1.1 1"):  # an interim 1xx (100 Continue): the reply follows
         raw = raw.partition(b"\r\n\r\n")[2]
     head, sep, body = raw.partition(b"\r\n\r\n")
@@ -206,7 +206,9 @@ def parse_reply(raw: bytes) -> Reply:
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-    if headers.get("transfer-encoding") == "chunked":
+    if no_body:  # the answer to a HEAD
+        body = b""
+    elif headers.get("transfer-encoding") == "chunked":
         body = _unchunk(body)
     elif "content-length" in headers:
         length = int(headers["content-length"])

@@ -47,11 +47,15 @@ def check(case: Case, reply: Reply) -> str | None:
     if reply.status >= 400:
         if not reply.headers.get("content-type", "").startswith("application/json"):
             return f"a {reply.status} that is not JSON: {reply.body[:200]!r}"
+        if case.data.upper().startswith(b"HEAD "):
+            return None  # a HEAD's answer has its head only
         error = json.loads(reply.body).get("error")
         if not isinstance(error, dict) or not isinstance(error.get("message"), str):
             return f"a {reply.status} without an OpenAI-style error: {reply.body[:200]!r}"
         return None
     kind = reply.headers.get("content-type", "")
+    if case.data.upper().startswith(b"HEAD "):
+        return None if kind else "a HEAD answered without a content type"
     if kind.startswith("text/event-stream"):
         events = reply.events()
         if not events or events[-1] != "[DONE]":
@@ -108,3 +112,28 @@ def test_generated_requests_get_a_200_or_a_json_4xx(served):
     assert exchange(proc.address, request(ctx, "POST", "/v1/completions", body)).status == 200
     log = proc.stderr()
     assert "Traceback" not in log and "Exception in ASGI" not in log, log[-3000:]
+
+
+def test_the_checker_refuses_what_the_server_must_never_answer():
+    case = Case(0, "t", b"POST / HTTP/1.1\r\n\r\n")
+    sse = {"content-type": "text/event-stream"}
+    as_json = {"content-type": "application/json"}
+    bad = [
+        Reply(500, as_json, b'{"error": {"message": "boom"}}'),
+        Reply(404, {"content-type": "text/plain"}, b"Not Found"),
+        Reply(400, as_json, b'{"detail": "no error object"}'),
+        Reply(200, sse, b'data: {"choices": []}\n\n'),
+        Reply(200, sse, b'data: {"error": {"message": "x"}}\n\ndata: [DONE]\n\n'),
+        Reply(200, as_json, b'{"nothing": 1}'),
+        Reply(307, {}, b""),
+    ]
+    for reply in bad:
+        assert check(case, reply) is not None, reply
+    good = [
+        Reply(400, as_json, b'{"error": {"message": "no", "type": "t", "code": "c"}}'),
+        Reply(200, as_json, b'{"choices": [{"text": "x"}]}'),
+        Reply(200, sse, b'data: {"choices": []}\n\ndata: [DONE]\n\n'),
+    ]
+    for reply in good:
+        assert check(case, reply) is None, reply
+    assert check(Case(0, "t", b"", frozenset({200})), good[0]) is not None  # a valid one refused
