@@ -12,6 +12,7 @@ is compared in constant time (401 otherwise). Both checks wrap every route, unkn
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 from collections.abc import Iterable, Mapping
 
@@ -39,6 +40,23 @@ def resolve_api_key(option: str | None, environ: Mapping[str, str]) -> str | Non
     if not key or not all("!" <= c <= "~" for c in key):
         raise DctmsError(f"{source}: a key must be 1 or more printable ASCII characters, no spaces")
     return key
+
+
+def exposure_warning(bind_host: str, api_key: str | None) -> str | None:
+    """A line to print when the server is reachable from other machines without a key."""
+    if api_key is not None or _is_loopback(bind_host):
+        return None
+    return (f"dctms serve: warning: listening on {bind_host} without an API key (--api-key or "
+            f"${API_KEY_ENV}): anyone who can reach it may generate")
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(_bare(host)).is_loopback
+    except ValueError:
+        return False
 
 
 def allowed_hosts(bind_host: str, extra: Iterable[str]) -> frozenset[str]:

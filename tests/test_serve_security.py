@@ -26,7 +26,13 @@ from serve_helpers import (
 )
 
 from dctms.schema.errors import DctmsError
-from dctms.serve.security import API_KEY_ENV, allowed_hosts, host_allowed, resolve_api_key
+from dctms.serve.security import (
+    API_KEY_ENV,
+    allowed_hosts,
+    exposure_warning,
+    host_allowed,
+    resolve_api_key,
+)
 
 pytestmark = pytest.mark.slow  # one server process for most of the module
 
@@ -107,6 +113,14 @@ def test_the_key_comes_from_the_option_or_the_environment():
         resolve_api_key(None, {API_KEY_ENV: "new\nline"})
 
 
+def test_a_server_reachable_from_elsewhere_without_a_key_warns():
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        assert exposure_warning(host, None) is None, host
+    for host in ("0.0.0.0", "::", "192.168.1.20", "myhost.lan"):
+        assert "without an API key" in exposure_warning(host, None), host
+        assert exposure_warning(host, "key") is None
+
+
 # --------------------------------------------------------------------------- DNS rebinding
 
 
@@ -128,6 +142,21 @@ def test_loopback_names_and_allowed_hosts_are_served(server):
     for host in ["127.0.0.1", f"127.0.0.1:{port}", "localhost", f"localhost:{port}", "LocalHost",
                  f"[::1]:{port}", "[::1]", "proxy.example", "proxy.example:443", "localhost."]:  # fmt: skip
         assert ask(server, "GET", "/v1/models", host=host).status == 200, host
+
+
+@pytest.mark.parametrize("name", ["Host", "Authorization", "Content-Type"])
+def test_a_repeated_header_is_refused(server, name):
+    before = finished(server)
+    good = {"Host": "127.0.0.1", "Authorization": f"Bearer {KEY}",
+            "Content-Type": "application/json"}[name]  # fmt: skip
+    data = http_request("POST", "/v1/completions", completion(), {"Authorization": f"Bearer {KEY}",
+                                                                  "Content-Type": "application/json"})
+    head, _, body = data.partition(b"\r\n\r\n")
+    for extra in (good, "attacker.example" if name == "Host" else "text/plain"):
+        repeated = head + f"\r\n{name}: {extra}".encode() + b"\r\n\r\n" + body
+        words = "malformed HTTP" if name == "Host" else "repeated"  # h11 refuses two Hosts itself
+        assert_error(exchange(server.address, repeated), 400, words)
+    assert finished(server) == before
 
 
 def test_http_1_0_without_a_host_header_is_refused(server):

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from dctms.figures.units import human, parse_size
     from dctms.runner.load import load_checked_plan
     from dctms.serve.allowance import serving_extras
-    from dctms.serve.security import allowed_hosts, resolve_api_key
+    from dctms.serve.security import allowed_hosts, exposure_warning, resolve_api_key
     from dctms.serve.spec import parse_plan_specs
 
     try:
@@ -133,10 +133,9 @@ def run(args: argparse.Namespace) -> int:
             f"{human(pool.free or 0)} free",
             file=sys.stderr,
         )
-        if api_key is None and not _loopback(args.host):
-            print(f"dctms serve: warning: listening on {args.host} without an API key "
-                  "(--api-key or $DCTMS_API_KEY): anyone who can reach it may generate",
-                  file=sys.stderr)
+        warning = exposure_warning(args.host, api_key)
+        if warning:
+            print(warning, file=sys.stderr)
         app = app_mod.build_app(worker, pool_summary(pool), hosts, api_key, max_body)
         server.run(app, sock, args.log_level, on_shutdown=worker.withdraw)
     except KeyboardInterrupt:
@@ -157,13 +156,3 @@ def _max_body_bytes(text: str, parse_size) -> int:
         raise DctmsError(f"--max-body-bytes must be between 1 byte and 1GiB, got {text}")
     return size
 
-
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
