@@ -51,10 +51,17 @@ class ServerState:
         self.worker = worker
         self.pool = pool
         self.max_body_bytes = max_body_bytes
+        self.stopping = asyncio.Event()
         self.started = time.time()
         self.refused = 0
         self.disconnected = 0
         self._proc = psutil.Process()
+
+    def begin_shutdown(self) -> None:
+        """The server stops (on its event loop): bodies still arriving get 503, the worker
+        withdraws its queue and ends the running request at its next token."""
+        self.stopping.set()
+        self.worker.withdraw()
 
     def status(self) -> dict:
         w = self.worker
@@ -82,9 +89,10 @@ class ServerState:
 
 
 def build_app(worker: Worker, pool: dict, hosts: frozenset[str], api_key: str | None,
-              max_body_bytes: int = MAX_BODY_BYTES) -> Guard:
-    """The app behind its guard: requests whose Host is not in ``hosts`` get 403, without
-    ``Authorization: Bearer api_key`` (when there is a key) 401."""
+              max_body_bytes: int = MAX_BODY_BYTES) -> tuple[Guard, ServerState]:
+    """The app behind its guard (requests whose Host is not in ``hosts`` get 403, without
+    ``Authorization: Bearer api_key`` (when there is a key) 401), and its state, whose
+    ``begin_shutdown`` the server calls as it begins to stop."""
     state = ServerState(worker, pool, max_body_bytes)
 
     async def models(request: Request) -> Response:
@@ -131,7 +139,7 @@ def build_app(worker: Worker, pool: dict, hosts: frozenset[str], api_key: str | 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.router.redirect_slashes = False  # "/v1/completions/" is no route (404), not a redirect
     app.state.server = state
-    return Guard(app, hosts, api_key)
+    return Guard(app, hosts, api_key), state
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -167,11 +175,10 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
     try:
         check_media_type(request.headers.get("content-type"))
         raw = await read_body(request.receive, dict(request.scope["headers"]),
-                              state.max_body_bytes)
+                              state.max_body_bytes, state.stopping)
         # Parsing, checking and tokenising take a while on a large body: off the event loop
         # (the tokenizer releases the GIL), so /status and other requests stay responsive.
-        body = await run_in_threadpool(parse_json, raw)
-        req = parse_request(body, chat)
+        req = await run_in_threadpool(_parse, raw, chat)
         served = state.worker.models.get(req.model)
         if served is None:
             names = ", ".join(sorted(state.worker.models))
@@ -198,6 +205,10 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
         return StreamingResponse(call.sse(request), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     return await call.respond(request)
+
+
+def _parse(raw: bytes, chat: bool) -> CompletionRequest:
+    return parse_request(parse_json(raw), chat)
 
 
 def _prompt_ids(served: ServedModel, req: CompletionRequest) -> list[int]:

@@ -49,8 +49,9 @@ def check_media_type(value: str | None) -> None:
 
 
 async def read_body(receive, headers: dict[bytes, bytes], max_bytes: int,
-                    timeout_s: float = BODY_TIMEOUT_S) -> bytes:
-    """The whole body from ASGI ``receive``, within the size and time limits."""
+                    stopping: asyncio.Event, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The whole body from ASGI ``receive``, within the size and time limits; a body still on its
+    way when the server begins to stop (``stopping``) is refused with 503 at once."""
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
@@ -58,7 +59,7 @@ async def read_body(receive, headers: dict[bytes, bytes], max_bytes: int,
     try:
         async with asyncio.timeout(timeout_s):
             while True:
-                message = await receive()
+                message = await _receive_unless(receive, stopping)
                 if message["type"] == "http.disconnect":
                     raise ClientGone
                 chunk = message.get("body", b"")
@@ -71,6 +72,25 @@ async def read_body(receive, headers: dict[bytes, bytes], max_bytes: int,
     except TimeoutError:
         raise BodyError(408, f"the request body did not arrive within {timeout_s:g} s",
                         "body_timeout", close=True) from None
+
+
+async def _receive_unless(receive, stopping: asyncio.Event) -> dict:
+    if stopping.is_set():
+        raise _stopping()
+    message = asyncio.ensure_future(receive())
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((message, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if not message.done():
+        message.cancel()
+        raise _stopping()
+    return message.result()
+
+
+def _stopping() -> BodyError:
+    return BodyError(503, "the server is shutting down", "shutting_down", close=True)
 
 
 def _too_large(max_bytes: int) -> BodyError:

@@ -450,7 +450,11 @@ def test_sigterm_ends_streams_with_an_error_event_and_queued_requests_with_503(l
     queued_body = json.dumps({"model": "long", "prompt": "wait", "max_tokens": 4}).encode()
     json_type = {"Content-Type": "application/json"}
     try:
-        with socket.create_connection(address, timeout=60) as s, ThreadPoolExecutor(3) as pool:
+        with socket.create_connection(address, timeout=60) as s, ThreadPoolExecutor(3) as pool, \
+                socket.create_connection(address, timeout=60) as uploading:
+            # a body still on its way when the signal comes
+            uploading.sendall(http_request("POST", "/v1/completions", b"", {
+                **json_type, "Content-Length": "100"}) + b'{"model": "long", ')  # fmt: skip
             s.sendall(http_request("POST", "/v1/completions", stream_body, json_type))
             first = s.recv(4096)
             assert b"200 OK" in first, first
@@ -468,10 +472,15 @@ def test_sigterm_ends_streams_with_an_error_event_and_queued_requests_with_503(l
             while chunk := s.recv(65536):
                 rest += chunk
             replies = [f.result() for f in queued]
+            upload = b""
+            while chunk := uploading.recv(65536):
+                upload += chunk
         rc = proc.proc.wait(30)
     finally:
         proc.close()
-    for reply in replies:
+    from serve_helpers import parse_reply
+
+    for reply in [*replies, parse_reply(upload)]:
         assert_error(reply, 503, "shutting down")
     stream = Reply(200, {}, rest.partition(b"\r\n\r\n")[2])
     events = [e for e in _sse_data(stream.body) if e != "[DONE]"]

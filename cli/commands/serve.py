@@ -136,8 +136,8 @@ def run(args: argparse.Namespace) -> int:
         warning = exposure_warning(args.host, api_key)
         if warning:
             print(warning, file=sys.stderr)
-        app = app_mod.build_app(worker, pool_summary(pool), hosts, api_key, max_body)
-        server.run(app, sock, args.log_level, on_shutdown=worker.withdraw)
+        app, state = app_mod.build_app(worker, pool_summary(pool), hosts, api_key, max_body)
+        server.run(app, sock, args.log_level, on_shutdown=state.begin_shutdown)
     except KeyboardInterrupt:
         pass  # uvicorn already shut down gracefully; it re-raises the signal it caught
     finally:
