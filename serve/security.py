@@ -54,42 +54,49 @@ def _is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(_bare(host)).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
 
 
 def allowed_hosts(bind_host: str, extra: Iterable[str]) -> frozenset[str]:
-    """The names a request's Host may carry: loopback's, the bound address, ``--allowed-host``."""
-    names = {*LOOPBACK_NAMES, _bare(bind_host.lower())}
-    for name in extra:
-        if not name or any(c.isspace() for c in name):
-            raise DctmsError(f"--allowed-host {name!r}: expected a host name without spaces")
-        names.add(_bare(name.lower()))
+    """The names a request's Host may carry: loopback's, the bound address, ``--allowed-host``
+    (given as a Host value: a name, an IPv4 address or an [IPv6] one, a port ignored)."""
+    names = {*LOOPBACK_NAMES, host_name(bind_host) or bind_host.lower()}
+    for value in extra:
+        name = ANY_HOST if value == ANY_HOST else host_name(value)
+        if name is None or any(c.isspace() for c in value):
+            raise DctmsError(f"--allowed-host {value!r}: expected a host name, "
+                             "an IPv4 address or an [IPv6] one")
+        names.add(name)
     return frozenset(names)
 
 
-def _bare(name: str) -> str:
-    name = name.removesuffix(".")  # "localhost." is the same name, fully qualified
-    return name[1:-1] if name.startswith("[") and name.endswith("]") else name
-
-
-def host_allowed(header: str, names: frozenset[str]) -> bool:
-    """``header`` (a Host value: name, IPv4, [IPv6], each with an optional :port) names this
-    server."""
-    if ANY_HOST in names:
-        return True
-    host = header.strip().lower()
+def host_name(value: str) -> str | None:
+    """The name in a Host value (name, IPv4, [IPv6], each with an optional :port), lower-cased
+    and without a final dot; None when it is no Host value. A bare IPv6 address is taken whole."""
+    host = value.strip().lower()
+    if host.count(":") > 1 and not host.startswith("["):
+        return host  # a bare IPv6 address (as --host takes it)
     if host.startswith("["):
         name, close, port = host[1:].partition("]")
         if not close or (port and not port.startswith(":")):
-            return False
+            return None
         port = port[1:]
     else:
         name, _, port = host.partition(":")
-    if port and not port.isdigit():
-        return False
-    return bool(name) and _bare(name) in names
+    if (port and not port.isdigit()) or not name:
+        return None
+    return name.removesuffix(".") or None  # "localhost." is the same name, fully qualified
+
+
+def host_allowed(header: str, names: frozenset[str]) -> bool:
+    """``header`` (a request's Host value) names this server."""
+    if ANY_HOST in names:
+        return True
+    if header.strip().count(":") > 1 and not header.strip().startswith("["):
+        return False  # an IPv6 address must be in brackets in a Host header
+    return host_name(header) in names
 
 
 class Guard:

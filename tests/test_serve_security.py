@@ -165,8 +165,13 @@ def test_http_1_0_without_a_host_header_is_refused(server):
 
 
 def test_the_host_rule_is_the_name_without_the_port():
-    names = allowed_hosts("0.0.0.0", ["Proxy.Example"])
-    assert {"127.0.0.1", "localhost", "::1", "0.0.0.0", "proxy.example"} <= names
+    names = allowed_hosts("0.0.0.0", ["Proxy.Example", "gw.example:8443", "[fd00::1]", "10.0.0.2."])
+    assert names == {"127.0.0.1", "localhost", "::1", "0.0.0.0", "proxy.example", "gw.example",
+                     "fd00::1", "10.0.0.2"}  # fmt: skip
+    assert "::" in allowed_hosts("::", []) and "fd00::2" in allowed_hosts("[fd00::2]", [])
+    for bad in ("", " ", "a b", "x:y", "[::1", "[::1]x", ":80"):
+        with pytest.raises(DctmsError, match="--allowed-host"):
+            allowed_hosts("127.0.0.1", [bad])
     assert host_allowed("proxy.example:8443", names) and host_allowed("[::1]:80", names)
     assert not host_allowed("[::1", names) and not host_allowed("::1", names)
     assert not host_allowed("localhost:80:80", names) and not host_allowed("localhost:x", names)
@@ -264,10 +269,24 @@ def _closed_after(address: tuple[str, int], data: bytes, limit_s: float) -> tupl
 def test_slow_headers_and_slow_bodies_are_cut_off(server):
     host, port = server.address
     half_head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Ty".encode()
+    trickled: list[float] = []
+
+    def trickle() -> None:  # one byte of a head every 0.5 s: the deadline is not pushed back
+        t0 = time.monotonic()
+        with socket.create_connection((host, port), timeout=30) as s:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                for byte in half_head * 10:
+                    s.sendall(bytes([byte]))
+                    time.sleep(0.5)
+                    if time.monotonic() - t0 > 30:
+                        break
+        trickled.append(time.monotonic() - t0)
+
     head_only = http_request("POST", "/v1/completions", b"", {
         "Authorization": f"Bearer {KEY}", "Content-Type": "application/json",
         "Content-Length": "100"}) + b'{"model": '  # fmt: skip
-    with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(4) as pool:
+        pool.submit(trickle)
         idle = pool.submit(_closed_after, (host, port), b"", 30)
         slow_head = pool.submit(_closed_after, (host, port), half_head, 30)
         slow_body = pool.submit(_closed_after, (host, port), head_only, 30)
@@ -276,6 +295,7 @@ def test_slow_headers_and_slow_bodies_are_cut_off(server):
     assert t_idle < 10 and r_idle == b""
     assert t_head < 10 and r_head == b""
     assert t_body < 20
+    assert trickled and trickled[0] < 10, trickled  # a send failed once the server had closed
     from serve_helpers import parse_reply
 
     assert_error(parse_reply(r_body), 408, "body")
