@@ -1,7 +1,7 @@
 """Issue 35's loopback fuzzer of `dctms serve`: >= 2,000 generated hostile and malformed requests
 (``serve_fuzz_cases``: headers, request lines, bodies, content types, JSON shapes, field types,
-unicode, sizes) against one server started once with two tiny models, an API key and an allowed
-proxy name. Every answer must be a valid 200 (a completion, a chat completion, an event stream
+unicode, sizes) against one server started once with two tiny models, an API key, an allowed
+proxy name and a 512 KiB body limit. Every answer must be a valid 200 (a completion, a chat completion, an event stream
 ending in [DONE] without an error event, a listing) or a 4xx OpenAI-style JSON error; never a 5xx,
 never a request left unanswered within its timeout, never a traceback in the log; and the server
 still answers /status afterwards. ``DCTMS_SERVE_FUZZ_CASES`` / ``DCTMS_SERVE_FUZZ_SEED`` change the
@@ -32,10 +32,10 @@ def served(tmp_path_factory):
     models = build_tiny_models(tmp_path_factory.mktemp("serve-fuzz-models"))
     proc = ServerProcess(
         ["--plan", models["alpha"].spec(), "--plan", models["beta"].spec(), "--memory", "1GiB",
-         "--api-key", KEY, "--allowed-host", "proxy.example"],  # fmt: skip
-    )
+         "--api-key", KEY, "--allowed-host", "proxy.example", "--max-body-bytes", "512KiB"],
+    )  # fmt: skip
     ctx = Context(KEY, proc.address[1], {m.name: (m.n, m.m, 257) for m in models.values()},
-                  ("beta",), 2**20)  # fmt: skip
+                  ("beta",), 512 * 1024)  # fmt: skip
     yield proc, ctx
     proc.close()
 
