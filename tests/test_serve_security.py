@@ -229,11 +229,18 @@ def test_a_chunked_body_over_the_limit_is_refused(server):
 
 def test_a_large_prompt_is_tokenised_off_the_event_loop(server):
     """A prompt just under the size limit (about a second of tokenising here) is refused as too
-    long; meanwhile /status answers promptly every time."""
+    long; meanwhile /status answers every time in a fraction of that (on the event loop, one poll
+    would wait for the whole tokenisation)."""
     body = completion(prompt="é" * (MIB // 2 - 64))
     assert len(body) < MIB
-    result: list[Reply] = []
-    big = threading.Thread(target=lambda: result.append(ask(server, "POST", "/v1/completions", body)))
+    result: list[tuple[Reply, float]] = []
+
+    def big_request() -> None:
+        t0 = time.monotonic()
+        reply = ask(server, "POST", "/v1/completions", body)
+        result.append((reply, time.monotonic() - t0))
+
+    big = threading.Thread(target=big_request)
     big.start()
     latencies = []
     while big.is_alive():
@@ -242,9 +249,10 @@ def test_a_large_prompt_is_tokenised_off_the_event_loop(server):
         latencies.append(time.monotonic() - t0)
         time.sleep(0.02)
     big.join()
-    assert_error(result[0], 400, "more than the plan bound N = 32")
-    assert len(latencies) >= 3, latencies
-    assert max(latencies) < 0.5, latencies
+    reply, took = result[0]
+    assert_error(reply, 400, "more than the plan bound N = 32")
+    assert len(latencies) >= 3, (latencies, took)
+    assert max(latencies) < took / 2, (latencies, took)
 
 
 def _closed_after(address: tuple[str, int], data: bytes, limit_s: float) -> tuple[float, bytes]:
