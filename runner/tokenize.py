@@ -54,7 +54,9 @@ class Tokenizer:
         return value if isinstance(value, str) else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, unlike encode, releases the GIL (tokenizers 0.23): a long prompt tokenised
+        # on a server's worker thread then does not stall its event loop. The same ids.
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)

@@ -1,5 +1,6 @@
 """The ASGI app (Starlette): OpenAI's /v1/models, /v1/completions, /v1/chat/completions, and the
-pool's memory figures at /status (JSON) and /metrics (Prometheus text)."""
+pool's memory figures at /status (JSON) and /metrics (Prometheus text). Every route sits behind
+``security.Guard`` (Host, API key); every error, 404 and 405 included, is an OpenAI-style JSON body."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator
 import psutil
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -21,6 +23,7 @@ from dctms.runner.request import Request as RunnerRequest
 from dctms.runner.request import RequestRefused, validate_request
 from dctms.runner.session import Generation
 from dctms.runner.stops import StopText, finish_reason
+from dctms.serve.body import BodyError, ClientGone, check_media_type, parse_json, read_body
 from dctms.serve.chat import encode_messages
 from dctms.serve.protocol import (
     ApiError,
@@ -34,19 +37,31 @@ from dctms.serve.protocol import (
     usage,
     usage_chunk,
 )
+from dctms.serve.security import Guard, error_body
 from dctms.serve.worker import Cancelled, Job, QueueFull, ServedModel, Worker
+
+MAX_BODY_BYTES = 2**20
 
 
 class ServerState:
-    """What the handlers share: the worker, the pool's envelope (composed by the caller)."""
+    """What the handlers share: the worker, the pool's envelope (composed by the caller), the
+    largest request body accepted."""
 
-    def __init__(self, worker: Worker, pool: dict):
+    def __init__(self, worker: Worker, pool: dict, max_body_bytes: int = MAX_BODY_BYTES):
         self.worker = worker
         self.pool = pool
+        self.max_body_bytes = max_body_bytes
+        self.stopping = asyncio.Event()
         self.started = time.time()
         self.refused = 0
         self.disconnected = 0
         self._proc = psutil.Process()
+
+    def begin_shutdown(self) -> None:
+        """The server stops (on its event loop): bodies still arriving get 503, the worker
+        withdraws its queue and ends the running request at its next token."""
+        self.stopping.set()
+        self.worker.withdraw()
 
     def status(self) -> dict:
         w = self.worker
@@ -73,8 +88,12 @@ class ServerState:
         }
 
 
-def build_app(worker: Worker, pool: dict) -> Starlette:
-    state = ServerState(worker, pool)
+def build_app(worker: Worker, pool: dict, hosts: frozenset[str], api_key: str | None,
+              max_body_bytes: int = MAX_BODY_BYTES) -> tuple[Guard, ServerState]:
+    """The app behind its guard (requests whose Host is not in ``hosts`` get 403, without
+    ``Authorization: Bearer api_key`` (when there is a key) 401), and its state, whose
+    ``begin_shutdown`` the server calls as it begins to stop."""
+    state = ServerState(worker, pool, max_body_bytes)
 
     async def models(request: Request) -> Response:
         data = [
@@ -116,33 +135,59 @@ def build_app(worker: Worker, pool: dict) -> Starlette:
         yield
         worker.stop()  # after the last connection closed: withdraw what is still queued
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    handlers = {HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app.router.redirect_slashes = False  # "/v1/completions/" is no route (404), not a redirect
     app.state.server = state
-    return app
+    return Guard(app, hosts, api_key), state
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route: 404; a route without that method: 405)."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"no route {request.url.path!r}: this server serves /v1/models, " \
+                  "/v1/completions, /v1/chat/completions, /status and /metrics"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path!r} " \
+                  f"(allowed: {(exc.headers or {}).get('Allow', 'none')})"
+    else:
+        message = str(exc.detail)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+    return JSONResponse(error_body(exc.status_code, message, code), status_code=exc.status_code,
+                        headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug: the traceback goes to the log (Starlette logs it), the client gets JSON."""
+    body = error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
+    return JSONResponse(body, status_code=500)
 
 
 def _error(err: ApiError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if err.status == 503 else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    headers = {"Retry-After": "1"} if err.status == 503 else {}
+    if isinstance(err, BodyError) and err.close:
+        headers["Connection"] = "close"
+    return JSONResponse(err.body(), status_code=err.status, headers=headers or None)
 
 
 async def _complete(request: Request, state: ServerState, chat: bool) -> Response:
     try:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ApiError(400, f"malformed JSON in the request body: {err}") from None
-        req = parse_request(body, chat)
+        check_media_type(request.headers.get("content-type"))
+        raw = await read_body(request.receive, dict(request.scope["headers"]),
+                              state.max_body_bytes, state.stopping)
+        # Parsing, checking and tokenising take a while on a large body: off the event loop
+        # (the tokenizer releases the GIL), so /status and other requests stay responsive.
+        req = await run_in_threadpool(_parse, raw, chat)
         served = state.worker.models.get(req.model)
         if served is None:
             names = ", ".join(sorted(state.worker.models))
             raise ApiError(404, f"model {req.model!r} is not served here (served: {names})",
                            "model")
-        if req.messages is not None:  # a template may be slow: off the event loop
+        if req.messages is not None:
             prompt = await run_in_threadpool(encode_messages, served.tokenizer, req.messages)
         else:
-            prompt = _prompt_ids(served, req)
+            prompt = await run_in_threadpool(_prompt_ids, served, req)
         max_tokens = req.max_tokens if req.max_tokens is not None else served.max_tokens
         try:  # the runner's own check, before the request queues; the worker takes this request
             validated = validate_request(served.plan, prompt, max_tokens, served.stop_ids)
@@ -153,10 +198,17 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
     except ApiError as err:
         state.refused += 1
         return _error(err)
+    except ClientGone:
+        state.disconnected += 1
+        return Response(status_code=400)  # never sent: the connection is gone
     if req.stream:
         return StreamingResponse(call.sse(request), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     return await call.respond(request)
+
+
+def _parse(raw: bytes, chat: bool) -> CompletionRequest:
+    return parse_request(parse_json(raw), chat)
 
 
 def _prompt_ids(served: ServedModel, req: CompletionRequest) -> list[int]:

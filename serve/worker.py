@@ -63,6 +63,7 @@ class Job:
 
 
 _STOP = object()
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class Worker:
@@ -92,13 +93,18 @@ class Worker:
             self._thread.join()
             raise self._load_error
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Withdraw every queued request, end the running one at its next token, join."""
+    def withdraw(self) -> None:
+        """The server is stopping: refuse new requests, end the running one at its next token;
+        the queued ones are then answered with ``Cancelled``, one after another, at once."""
         with self._lock:
             self._stopping = True
             current = self._current
         if current is not None:
             current.cancelled.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Withdraw every queued request, end the running one at its next token, join."""
+        self.withdraw()
         self._queue.put(_STOP)
         if self._thread.is_alive():
             self._thread.join(timeout_s)
@@ -106,7 +112,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         with self._lock:
             if self._stopping:
-                raise Cancelled("the server is shutting down")
+                raise Cancelled(SHUTTING_DOWN)
             if self._waiting >= self.max_queue:
                 raise QueueFull(f"{self._waiting} requests are already waiting (--max-queue)")
             self._waiting += 1
@@ -149,7 +155,9 @@ class Worker:
                 self._current = job
                 stopping = self._stopping
             try:
-                if stopping or job.cancelled.is_set():
+                if stopping:
+                    raise Cancelled(SHUTTING_DOWN)
+                if job.cancelled.is_set():
                     raise Cancelled("withdrawn before it ran")
                 done = (self._run(job), None)
             except BaseException as err:
@@ -185,7 +193,7 @@ class Worker:
 
         gen = session.generate(job.request, on_token)
         if job.cancelled.is_set():
-            raise Cancelled("withdrawn while it ran")
+            raise Cancelled(SHUTTING_DOWN if self._stopping else "withdrawn while it ran")
         return gen
 
     def _drain(self) -> None:
@@ -195,4 +203,4 @@ class Worker:
             except queue.Empty:
                 return
             if job is not _STOP:
-                job.on_done(None, Cancelled("the server stopped"))
+                job.on_done(None, Cancelled(SHUTTING_DOWN))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -68,9 +69,12 @@ def dctms_command(*args: str) -> list[str]:
 class ServerProcess:
     """``dctms serve ... --port 0`` in a subprocess; ``url`` once it listens."""
 
-    def __init__(self, args: list[str], timeout_s: float = 120.0, preexec_fn=None):
+    def __init__(
+        self, args: list[str], timeout_s: float = 120.0, env: dict | None = None, preexec_fn=None
+    ):
         self.proc = subprocess.Popen(
             dctms_command("serve", *args, "--host", "127.0.0.1", "--port", "0"),
+            env=env,
             preexec_fn=preexec_fn,  # e.g. joining a memory cgroup before exec
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -98,6 +102,11 @@ class ServerProcess:
 
     def stderr(self) -> str:
         return "".join(self.lines)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.url.removeprefix("http://").split(":")
+        return host, int(port)
 
     def status(self) -> dict:
         import urllib.request
@@ -147,3 +156,90 @@ def two_token_stop(tokenizer, tokens: list[int]) -> tuple[str, int]:
         if whole.find(pair) == len(whole) - len(pair):
             return pair, k + 1
     raise AssertionError(f"no two printable tokens in {tokens}")
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]  # names lower-cased
+    body: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+    def events(self) -> list[str]:
+        """A server-sent event stream's data lines."""
+        lines = self.body.decode().splitlines()
+        return [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+
+
+def http_request(
+    method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+) -> bytes:
+    """The bytes of one HTTP/1.1 request that asks the server to close the connection after it."""
+    fields = {"Host": host, "Connection": "close"}
+    if body or method == "POST":
+        fields["Content-Length"] = str(len(body))
+    fields.update(headers or {})
+    head = "".join(f"{k}: {v}\r\n" for k, v in fields.items() if v is not None)
+    return f"{method} {path} HTTP/1.1\r\n{head}\r\n".encode("utf-8", "surrogateescape") + body
+
+
+def exchange(address: tuple[str, int], data: bytes, timeout_s: float = 30.0) -> Reply:
+    """Send ``data`` on a fresh connection and read the reply until the server closes it; a reply
+    not complete within ``timeout_s`` raises ``TimeoutError``. (A HEAD's reply has no body.)"""
+    deadline = time.monotonic() + timeout_s
+    with socket.create_connection(address, timeout=timeout_s) as s:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered (and closed) before it read everything: read that answer
+        chunks = []
+        while True:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            except TimeoutError:
+                raise TimeoutError(f"no complete reply within {timeout_s} s") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return parse_reply(b"".join(chunks), no_body=data[:5].upper() == b"HEAD ")
+
+
+def parse_reply(raw: bytes, no_body: bool = False) -> Reply:
+    while raw.startswith(b"HTTP/1.1 1"):  # an interim 1xx (100 Continue): the reply follows
+        raw = raw.partition(b"\r\n\r\n")[2]
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise ValueError(f"no complete HTTP reply: {raw[:200]!r}")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if no_body:  # the answer to a HEAD
+        body = b""
+    elif headers.get("transfer-encoding") == "chunked":
+        body = _unchunk(body)
+    elif "content-length" in headers:
+        length = int(headers["content-length"])
+        if len(body) < length:
+            raise ValueError(f"a reply cut short: {len(body)} of {length} body bytes")
+        body = body[:length]
+    return Reply(status, headers, body)
+
+
+def _unchunk(data: bytes) -> bytes:
+    out, pos = [], 0
+    while True:
+        end = data.index(b"\r\n", pos)
+        size = int(data[pos:end].split(b";")[0], 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(data[end + 2 : end + 2 + size])
+        pos = end + 2 + size + 2

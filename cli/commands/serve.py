@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "(`dctms pool`, calls one at a time) must fit --memory or the server does not start. "
             "Requests run one at a time on one MLX worker thread and queue meanwhile; /status "
             "(JSON) and /metrics (Prometheus) report the envelope, MLX's observed peak and the "
-            "queue. Needs the `serve` extra: pip install 'dctms[serve]'."
+            "queue. Only requests whose Host names this server are served (DNS rebinding); POST "
+            "bodies must be application/json. Needs the `serve` extra: pip install 'dctms[serve]'."
         ),
     )
     p.add_argument(
@@ -42,6 +43,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="requests that may wait for the worker; more get HTTP 503 (default 64)",
     )
     p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require Authorization: Bearer KEY on every request (default: $DCTMS_API_KEY; "
+        "none: no key)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a further name the Host header may carry, e.g. a proxy's (repeatable; the loopback "
+        "names and --host are always allowed; '*' switches the check off)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        default="1MiB",
+        metavar="SIZE",
+        help="largest request body; larger ones get HTTP 413 (default 1MiB)",
+    )
+    p.add_argument(
         "--log-level",
         default="warning",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -52,12 +73,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     import psutil
 
     from dctms.figures.pool import pool_of, pool_summary
     from dctms.figures.units import human, parse_size
     from dctms.runner.load import load_checked_plan
     from dctms.serve.allowance import serving_extras
+    from dctms.serve.security import allowed_hosts, exposure_warning, resolve_api_key
     from dctms.serve.spec import parse_plan_specs
 
     try:
@@ -71,8 +95,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_queue < 1:
         raise DctmsError(f"--max-queue must be at least 1, got {args.max_queue}")
+    api_key = resolve_api_key(args.api_key, os.environ)
+    hosts = allowed_hosts(args.host, args.allowed_host)
+    max_body = _max_body_bytes(args.max_body_bytes, parse_size)
     specs = [hub_folder(s, args.download) for s in parse_plan_specs(args.plan)]
     plans = [load_checked_plan(s.plan) for s in specs]
+    for s, plan in zip(specs, plans, strict=True):
+        if plan.distributed is not None:
+            d = plan.distributed
+            raise DctmsError(
+                f"{s.plan}: rank {d.rank} of {d.ranks} of a {d.mode} split; dctms serve runs "
+                "single-process plans (run rank plans with dctms run --ranks)"
+            )
     if args.memory is None:
         budget = psutil.virtual_memory().total
     else:
@@ -101,7 +135,11 @@ def run(args: argparse.Namespace) -> int:
             f"{human(pool.free or 0)} free",
             file=sys.stderr,
         )
-        server.run(app_mod.build_app(worker, pool_summary(pool)), sock, args.log_level)
+        warning = exposure_warning(args.host, api_key)
+        if warning:
+            print(warning, file=sys.stderr)
+        app, state = app_mod.build_app(worker, pool_summary(pool), hosts, api_key, max_body)
+        server.run(app, sock, args.log_level, on_shutdown=state.begin_shutdown)
     except KeyboardInterrupt:
         pass  # uvicorn already shut down gracefully; it re-raises the signal it caught
     finally:
@@ -119,3 +157,14 @@ def hub_folder(spec, download: bool):
 
     hub = resolve_model(str(spec.model_dir), download)
     return spec if hub is None else dataclasses.replace(spec, model_dir=hub.path)
+
+
+def _max_body_bytes(text: str, parse_size) -> int:
+    try:
+        size = parse_size(text)
+    except DctmsError as err:
+        raise DctmsError(f"--max-body-bytes: {err}") from None
+    if not 1 <= size <= 2**30:
+        raise DctmsError(f"--max-body-bytes must be between 1 byte and 1GiB, got {text}")
+    return size
+
