@@ -24,7 +24,7 @@ def pool_text(pool: Pool) -> str:
         "",
         _line("held (weights + KV + persistent)", pool.held),
         _line("intermediate arena", pool.intermediate),
-        _line("provable (MLX peak bound)", pool.provable),
+        _line("provable peak", pool.provable),
         _line("runtime allowance", pool.runtime),
         _line("pool M_max", pool.total),
         _line("separate processes (sum of M_max)", pool.separate_total),
