@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         worker.start()
         print(
             f"dctms serve: {', '.join(s.name for s in specs)}; pool M_max {human(pool.total)} "
-            f"(MLX peak bound {human(pool.provable)}) of {human(budget)}, "
+            f"(provable peak {human(pool.provable)}) of {human(budget)}, "
             f"{human(pool.free or 0)} free",
             file=sys.stderr,
         )
