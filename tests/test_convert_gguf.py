@@ -386,3 +386,43 @@ def test_special_tokens_use_llama_cpp_key_names(tied, tmp_path) -> None:
     tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tokenizer_config["unk_token"] == byte_vocab()[0]
     assert tokenizer_config["pad_token"] == "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def field_by_field(tmp_path_factory):
+    """The fuzzer's starting GGUF (written field by field, ``gguf_bytes``): values of any type."""
+    from fuzz_inputs import LLAMA, base_gguf
+
+    folder = write_tiny_model(tmp_path_factory.mktemp("fbf") / "llama", LLAMA, tokenizer=False)
+    return base_gguf(folder)
+
+
+def test_float64_metadata_is_refused_before_mlx_misreads_it(field_by_field, tmp_path) -> None:
+    """MLX's reader steps over 4 bytes of a float64 value, not 8, and misreads the rest of the
+    header: a SIGSEGV the input fuzzer found (general.name = -0.0 as a float64)."""
+    import copy
+
+    import gguf_bytes as gb
+
+    g = copy.deepcopy(field_by_field)
+    g.metadata.append(("general.name", gb.F64, -0.0))
+    (tmp_path / "x.gguf").write_bytes(g.encode())
+    proc = _cli(str(tmp_path / "x.gguf"), str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert "general.name is a float64 (-0.0); MLX's GGUF reader misreads float64" in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["x.gguf"]
+
+
+def test_tokenizer_keys_of_the_wrong_type_are_refused(field_by_field, tmp_path) -> None:
+    """tokenizer.ggml.merges as an int8 was a TypeError (exit 70) in the tokenizer builder."""
+    import copy
+
+    import gguf_bytes as gb
+
+    g = copy.deepcopy(field_by_field)
+    g.metadata = [m for m in g.metadata if m[0] != "tokenizer.ggml.merges"]
+    g.metadata.append(("tokenizer.ggml.merges", gb.I8, 65))
+    (tmp_path / "x.gguf").write_bytes(g.encode())
+    with pytest.raises(DctmsError, match="merges is of type int8 \\(65\\), expected array of string"):
+        convert_gguf(tmp_path / "x.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -16,11 +16,15 @@ from pathlib import Path
 
 from dctms.schema.errors import DctmsError
 from dctms.toolkit.gguf_header import (
+    ARRAY,
+    BOOL,
+    F64,
     FLOAT_TYPES,
     INTEGER_TYPES,
     STRING,
     GgufHeader,
     GgufTensor,
+    GgufValue,
 )
 
 ARCHITECTURES = ("llama",)
@@ -57,6 +61,7 @@ def check_llama(head: GgufHeader, src: Path) -> None:
             f"{src}: architecture {arch} is not supported; convert-gguf converts "
             f"{', '.join(ARCHITECTURES)}"
         )
+    _check_types(meta, src)
     tensors = {t.name: t for t in head.tensors}
     layers = _tensor_names(tensors, src)
     p = "llama."
@@ -196,6 +201,40 @@ def _check_token_ids(meta: dict, vocab: int, src: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------ values
+
+
+# The other keys the converter reads, and the one type each may have (the llama counts and reals
+# are checked by _count and _positive_real).
+_TYPES = {
+    "tokenizer.ggml.model": (STRING, None),
+    "tokenizer.ggml.pre": (STRING, None),
+    "tokenizer.chat_template": (STRING, None),
+    "tokenizer.ggml.merges": (ARRAY, STRING),
+    "tokenizer.ggml.add_bos_token": (BOOL, None),
+    "llama.rope.scaling.type": (STRING, None),
+}
+
+
+def _check_types(meta: dict, src: Path) -> None:
+    for key, entry in meta.items():
+        if F64 in (entry.type, entry.item_type):
+            # MLX's reader converts a float64 to float32 and then steps over 4 bytes, not 8: the
+            # rest of the header is misread (a crash, issue 35's fuzzer found)
+            raise DctmsError(
+                f"{src}: {key} is a {entry.type_name} ({_short(entry.value)}); MLX's GGUF reader "
+                "misreads float64 metadata"
+            )
+    for key, (kind, item) in _TYPES.items():
+        entry = meta.get(key)
+        if entry is not None and (entry.type, entry.item_type) != (kind, item):
+            wanted = GgufValue(kind, None, item).type_name
+            raise DctmsError(
+                f"{src}: {key} is of type {entry.type_name} ({_short(entry.value)}), "
+                f"expected {wanted}"
+            )
+    factor = meta.get("llama.rope.scaling.factor")
+    if factor is not None and factor.type not in FLOAT_TYPES | INTEGER_TYPES:
+        raise DctmsError(f"{src}: llama.rope.scaling.factor is a {factor.type_name}, not a number")
 
 
 def _text(meta: dict, key: str, src: Path) -> str:
