@@ -3,7 +3,9 @@
 ``solve(problem, seconds)``:
 
 1. greedy best-fit over several orders (``pack_greedy``); an arena equal to the live-bytes lower
-   bound is optimal and ends it (the checked-in 7B plan's phases stop here);
+   bound is optimal and ends it (the checked-in 7B plan's phases stop here). Its work is capped
+   (``greedy_budget``: quadratic with thousands of buffers live at once); when not even the first
+   order fits under the cap, the online allocator (``pack_online``) gives the starting packing;
 2. otherwise the buffers are glued into blocks (``pack_coarsen``: chains across full boundaries,
    stacks of equal lifetimes) and, when that shrinks the problem by a tenth or more, the problem
    of the blocks is packed first with up to ``_COARSE_SHARE`` of the budget: greedy, short dives,
