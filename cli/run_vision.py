@@ -18,7 +18,7 @@ def run_vision(args: argparse.Namespace, plan, model, target) -> int:
     from dctms.runner.request import validate_request
     from dctms.runner.stops import finish_reason
     from dctms.runner.tokenize import Tokenizer, eos_ids
-    from dctms.runner.vision_input import prepare, read_images
+    from dctms.runner.vision_input import image_processor, prepare, read_images
     from dctms.runner.vision_session import VisionSession
     from dctms.schema.errors import DctmsError
 
@@ -26,9 +26,10 @@ def run_vision(args: argparse.Namespace, plan, model, target) -> int:
         raise DctmsError("--image: the plan is not a vision-language plan (compile with --images)")
     if args.prompt is None:
         raise DctmsError("a vision-language plan runs a --prompt (its image tokens are expanded)")
-    images = read_images(args.image or [], plan)
+    processor = image_processor(model.path) if args.image else None
+    images = read_images(args.image or [], plan, processor)
     tokenizer = Tokenizer(model.path)
-    inputs = prepare(plan, model.path, tokenizer, args.prompt, images)
+    inputs = prepare(plan, model.path, tokenizer, args.prompt, images, processor)
     max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
     stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
     request = validate_request(plan, inputs.prompt, max_tokens, stop)
