@@ -39,8 +39,16 @@ class SamplingParams:
     logprobs: bool = False  # report the chosen token's log-probability
 
     def asks_for_plan(self) -> bool:
-        """Whether these settings need a sampling plan (greedy without processors does not)."""
-        return self != SamplingParams(seed=self.seed)
+        """Whether these settings need a sampling plan: a temperature, a logits processor or
+        log-probabilities (at temperature 0 mlx-lm's sampler is argmax whatever top_p, top_k or
+        min_p say, and a seed draws nothing)."""
+        return (
+            self.temp != 0
+            or self.repetition_penalty not in (None, 0)
+            or bool(self.logit_bias)
+            or self.logprobs
+            or self.top_logprobs > 0
+        )
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from dctms.serve.protocol import (
     usage,
     usage_chunk,
 )
+from dctms.serve.sampling_fields import logprobs_body, sampling_params, split_sampling
 from dctms.serve.text import TextStream
 from dctms.serve.worker import Cancelled, Job, QueueFull, ServedModel, Worker
 
@@ -133,6 +134,7 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as err:
             raise ApiError(400, f"malformed JSON in the request body: {err}") from None
+        body, sampling = split_sampling(body)  # serve.sampling_fields: checked per plan below
         req = parse_request(body, chat)
         served = state.worker.models.get(req.model)
         if served is None:
@@ -144,8 +146,13 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
         else:
             prompt = _prompt_ids(served, req)
         max_tokens = req.max_tokens if req.max_tokens is not None else served.max_tokens
+        params = sampling_params(sampling, served.plan, chat)
+        if req.stream and params.logprobs:
+            raise ApiError(400, "'logprobs' with 'stream' is not supported yet", "logprobs")
         try:  # the runner's own check, before the request queues; the worker takes this request
-            validated = validate_request(served.plan, prompt, max_tokens, served.stop_ids)
+            validated = validate_request(
+                served.plan, prompt, max_tokens, served.stop_ids, params
+            )
         except RequestRefused as err:
             raise refusal(req.model, err, "messages" if chat else "prompt") from None
         call = _Call(state, served, req, validated, chat)
@@ -232,8 +239,11 @@ class _Call:
         use = usage(len(self.prompt), len(gen.tokens))
         ids = gen.tokens if self.req.return_token_ids else None
         make = chat_body if self.chat else completion_body
-        return JSONResponse(make(self.rid, self.created, self.req.model, text,
-                                 self._finish_reason(gen), use, ids))
+        body = make(self.rid, self.created, self.req.model, text, self._finish_reason(gen), use, ids)
+        logprobs = logprobs_body(gen, self.served.stop_ids, self.served.tokenizer.decode, self.chat)
+        if logprobs is not None:
+            body["choices"][0]["logprobs"] = logprobs
+        return JSONResponse(body)
 
     async def sse(self, request: Request) -> AsyncIterator[str]:
         stream = TextStream(self.served.tokenizer.decode, self.served.stop_ids)

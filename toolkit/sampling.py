@@ -83,8 +83,13 @@ def sample(logits: mx.array, s: dict[str, mx.array], fed: mx.array | None) -> tu
     drawn = mx.minimum(drawn, logprobs.shape[-1] - 1)
     token = mx.where(s["inv_temperature"] == 0, greedy, drawn)
     logprob = mx.take_along_axis(logprobs, token[:, None], axis=-1)
-    k = min(TOP_LOGPROBS, logprobs.shape[-1])
-    outs = (token, split[0], logprob, order[:, -k:], ascending[:, -k:])
+    # The largest log-probabilities as arrays of their own (gathers, not slices: a slice would be a
+    # view that keeps the whole sorted vocabulary alive while the runner holds the outputs).
+    vocab = logprobs.shape[-1]
+    last = mx.arange(vocab - min(TOP_LOGPROBS, vocab), vocab)[None]
+    top_ids = mx.take_along_axis(order, last, axis=-1)
+    top = mx.take_along_axis(logprobs, top_ids, axis=-1)
+    outs = (token, split[0], logprob, top_ids, top)
     return outs if fed is None else (*outs, recent)
 
 
