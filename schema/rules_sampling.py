@@ -35,6 +35,7 @@ def sampling(ix: PlanIndex) -> Iterator[Finding]:
         results = {b.name: b for b in px.phase.outputs if b.kind == "output"}
         for name, want in outputs_for(px.phase.name).items():
             yield from _binding(f"{px.path}.outputs", name, results.get(name), want, sizes)
+        yield from _bounded_indices(px, plan.model.vocab_size)
         for letter, size in sizes.items():
             if size < 1:
                 yield px.path, f"sampling size {letter} is {size}, must be at least 1"
@@ -58,3 +59,57 @@ def _binding(where: str, name: str, b, want: tuple, sizes: dict[str, int]) -> It
             yield where, f"{name!r} has shape {list(b.shape)}, expected {list(shape)}"
     if dtype is not None and b.dtype != dtype:
         yield where, f"{name!r} is {b.dtype}, expected {dtype}"
+
+
+# Ops that pass their index values through unchanged (a concatenation or selection of index
+# values, a slice or reshape of them, a cast of non-negative ids).
+_KEEPS_VALUES = frozenset(
+    {"Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze", "Slice", "Broadcast", "AsType"}
+)
+# The per-call inputs whose values the runner bounds by model.vocab_size.
+_IDS = ("tokens", "recent", "bias_ids")
+
+
+def _id_values(phase) -> set[str]:
+    """Tensor ids holding only token ids the runner fed (below the vocabulary size)."""
+    ids = {b.id for b in phase.inputs if b.kind == "input" and b.name in _IDS}
+    changed = True
+    while changed:  # ops are not necessarily in dataflow order in a broken plan
+        changed = False
+        for op in phase.ops:
+            if op.primitive in _KEEPS_VALUES and len(op.inputs) == 1:
+                carried = op.inputs[0] in ids
+            elif op.primitive == "Concatenate":
+                carried = bool(op.inputs) and all(i in ids for i in op.inputs)
+            elif op.primitive == "Select" and len(op.inputs) == 3:
+                carried = op.inputs[1] in ids and op.inputs[2] in ids
+            else:
+                continue
+            for out in op.outputs if carried else ():
+                if out not in ids:
+                    ids.add(out)
+                    changed = True
+    return ids
+
+
+def _bounded_indices(px, vocab: int) -> Iterator[Finding]:
+    """A gather or scatter along an axis indexed by fed token ids holds the whole vocabulary
+    (MLX does not bounds-check them)."""
+    phase = px.phase
+    ids = _id_values(phase)
+    shapes = {t.id: t.shape for t in phase.tensors}
+    shapes.update((b.id, b.shape) for b in phase.inputs)
+    for k, op in enumerate(phase.ops):
+        if op.primitive not in ("GatherAxis", "ScatterAxis") or len(op.inputs) < 2:
+            continue
+        if op.inputs[1] not in ids:
+            continue
+        axis = op.args[0] if op.primitive == "GatherAxis" else op.args[-1]
+        shape = shapes.get(op.inputs[0], [])
+        size = shape[axis] if isinstance(axis, int) and -len(shape) <= axis < len(shape) else 0
+        if size < vocab:
+            yield (
+                px.op_path(k),
+                f"{op.primitive} indexes {size} entries along axis {axis} with token ids, fewer "
+                f"than model.vocab_size {vocab}",
+            )

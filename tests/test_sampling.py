@@ -251,6 +251,10 @@ def test_verifier_rejects_a_broken_sampling_interface(tiny) -> None:
         for b in decode.outputs
     ]
     assert "sampling" in {p.rule for p in verify_plan(_with_phase(plan, "decode", outputs=outputs))}
+    # token ids (fed below vocab_size) indexing a gather over fewer entries
+    wider = struct_replace(plan, model=struct_replace(plan.model, vocab_size=300))
+    found = [p for p in verify_plan(wider) if p.rule == "sampling"]
+    assert found and "fewer than model.vocab_size 300" in found[0].message
     # a greedy plan that claims --sampling lacks every sampling input
     greedy = struct_replace(plan, compile=struct_replace(plan.compile, sampling=False))
     assert "sampling" not in {p.rule for p in verify_plan(greedy)}
@@ -299,3 +303,24 @@ def test_real_smollm2_seeded_ids_equal_mlx_lm(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     r = json.loads(report.read_text())
     assert r["tokens"] == got.tokens and r["within_envelope"]
+
+
+def test_bfloat16_model_ids_equal_mlx_lm(tmp_path) -> None:
+    """The scalars meet bfloat16 logits as mlx-lm's Python floats do (cast, not promoted)."""
+    from mlx_lm.utils import load_model
+
+    from dctms.runner.session import Session
+    from dctms.schema.model_folder import open_model_folder
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    config = {**CONFIG, "model_type": "llama", "torch_dtype": "bfloat16", "head_dim": 64}
+    write_tiny_model(tmp_path, {**config, "tie_word_embeddings": False}, seed=5)
+    plan = compile_plan(open_model(tmp_path), CompileOptions(N, M, prefill_chunk=CHUNK, sampling=True))
+    assert plan.bounds.dtype == "bfloat16"
+    session = Session(plan, open_model_folder(str(tmp_path)))
+    params = SamplingParams(
+        temp=0.7, top_p=0.9, top_k=40, min_p=0.02, repetition_penalty=1.3,
+        logit_bias={5: 1.5}, seed=17,
+    )  # fmt: skip
+    got = ours(session, params).tokens
+    assert got == mlx_lm_ids(load_model(tmp_path)[0], params)[0]
