@@ -1,4 +1,4 @@
-"""A run of a plan: refuse mismatches, allocate everything once, generate greedily, measure.
+"""A run of a plan: refuse mismatches, allocate everything once, generate, measure.
 
 Order of events (each step only after the previous succeeded), each check made once:
 1. the plan (``load.load_checked_plan``: schema, verifier, MLX version, backend, phases) and the
@@ -222,7 +222,8 @@ class Session:
     def generate(
         self, request: Request, on_token: Callable[[int], bool] | None = None
     ) -> Generation:
-        """Greedy tokens for a request ``validate_request`` made for this session's plan.
+        """The tokens for a request ``validate_request`` made for this session's plan: greedy, or
+        as its sampling settings ask of a plan compiled with --sampling (``runner.sampling``).
         ``on_token`` sees each token as it is read (a server streams them); when it returns False
         the generation ends there, as at a stop token."""
         if request.plan is not self.plan:

@@ -17,8 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a plan on its weights and check observed memory against M_max",
         description=(
             "Load and verify PLAN, refuse weights that do not match its fingerprint, allocate the "
-            "weights, KV cache and constants once, generate greedily by executing the plan's "
-            "primitives segment by segment, and compare MLX's observed peak memory with the "
+            "weights, KV cache and constants once, generate (greedily, or sampling with a plan "
+            "compiled with --sampling) by executing the plan's primitives segment by segment, "
+            "and compare MLX's observed peak memory with the "
             f"provable part of M_max (exit {EXIT_OVER_ENVELOPE} when it is exceeded)."
         ),
     )
