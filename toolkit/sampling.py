@@ -116,6 +116,10 @@ def _top_p(logprobs: mx.array, ascending: mx.array, top_p: mx.array) -> mx.array
     mass_above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
     total = mass_above[..., :1] + probs[..., :1]
     dropped = (mass_above >= top_p * total).sum(axis=-1, keepdims=True)
+    # Off (top_p 0, or so small its product with the total underflows) every entry counts as
+    # dropped: an index one past the vocabulary, which MLX's gather would read unchecked. Active,
+    # the largest value is never dropped (nothing lies above it), so the clamp changes nothing.
+    dropped = mx.minimum(dropped, ascending.shape[-1] - 1)
     threshold = mx.take_along_axis(ascending, dropped, axis=-1)
     active = (top_p > 0) & (top_p < 1)
     return mx.where(active & (logprobs < threshold), -float("inf"), logprobs)
