@@ -13,9 +13,9 @@ repetition_context_size)`` and ``make_sampler(temp, top_p, min_p, top_k)``, in i
 3. log-probabilities (the log-softmax);
 4. temperature 0 (``inv_temperature`` 0): argmax, else top-p, min-p and top-k masks (each keeps the
    values at or above a threshold, so applying them in mlx-lm's order on masked values is the same
-   as taking each threshold from the sorted log-probabilities), then ``mx.random.categorical`` of
-   the masked values times 1 / temperature, with a key split from the ``key`` input exactly as MLX's
-   global key sequence does after ``mx.random.seed``.
+   as taking each threshold from the sorted log-probabilities), then MLX's categorical draw
+   (``categorical`` below, op for op) of the masked values times 1 / temperature, with a key split
+   from the ``key`` input exactly as MLX's global key sequence does after ``mx.random.seed``.
 
 Disabled values make each step the identity: no bias pairs, penalty 1, top_p outside (0, 1),
 log_min_p -inf, top_k 0. The phase also returns the new key, the chosen token's log-probability and
