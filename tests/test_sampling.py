@@ -324,3 +324,20 @@ def test_bfloat16_model_ids_equal_mlx_lm(tmp_path) -> None:
     )  # fmt: skip
     got = ours(session, params).tokens
     assert got == mlx_lm_ids(load_model(tmp_path)[0], params)[0]
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_categorical_replica_draws_what_mlx_draws(dtype) -> None:
+    """toolkit.sampling.categorical (its bits by in-plan Threefry) against mx.random.categorical
+    with the same key: many keys, vocabularies and masked (-inf) logits."""
+    from dctms.toolkit.sampling import categorical
+
+    for s in range(120):
+        key = mx.random.key(s * 7919 + 3)
+        vocab = (2, 10, 257, 5000)[s % 4]
+        logits = mx.random.normal((1, vocab), key=mx.random.key(s)) * (1 + s % 5)
+        if s % 3 == 0:
+            drop = mx.random.uniform(shape=(1, vocab), key=mx.random.key(s + 1)) < 0.5
+            logits = mx.where(drop, -mx.inf, logits)
+        logits = logits.astype(dtype)
+        assert categorical(logits, key).item() == mx.random.categorical(logits, key=key).item(), s
