@@ -39,6 +39,7 @@ from dctms.schema import (
     rules_modules,
     rules_request,
     rules_runner,
+    rules_sampling,
     rules_totals,
     rules_vision,
 )
@@ -83,6 +84,7 @@ RULES: dict[str, Rule] = {
     "stats": rules_totals.stats,
     "runner_names": rules_runner.runner_names,
     "quantized_start": rules_runner.quantized_start,
+    "sampling": rules_sampling.sampling,
     "vocabulary": rules_runner.vocabulary,
     "state_capacity": rules_runner.state_capacity,
     "op_arguments": rules_runner.op_arguments,

@@ -37,6 +37,7 @@ from dctms.serve.protocol import (
     usage,
     usage_chunk,
 )
+from dctms.serve.sampling_fields import logprobs_body, sampling_params, split_sampling
 from dctms.serve.security import Guard, error_body
 from dctms.serve.worker import Cancelled, Job, QueueFull, ServedModel, Worker
 
@@ -178,7 +179,8 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
                               state.max_body_bytes, state.stopping)
         # Parsing, checking and tokenising take a while on a large body: off the event loop
         # (the tokenizer releases the GIL), so /status and other requests stay responsive.
-        req = await run_in_threadpool(_parse, raw, chat)
+        # The sampling fields are split off here and checked against the served plan below.
+        req, sampling = await run_in_threadpool(_parse, raw, chat)
         served = state.worker.models.get(req.model)
         if served is None:
             names = ", ".join(sorted(state.worker.models))
@@ -189,8 +191,13 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
         else:
             prompt = await run_in_threadpool(_prompt_ids, served, req)
         max_tokens = req.max_tokens if req.max_tokens is not None else served.max_tokens
+        params = sampling_params(sampling, served.plan, chat)
+        if req.stream and params.logprobs:
+            raise ApiError(400, "'logprobs' with 'stream' is not supported yet", "logprobs")
         try:  # the runner's own check, before the request queues; the worker takes this request
-            validated = validate_request(served.plan, prompt, max_tokens, served.stop_ids)
+            validated = validate_request(
+                served.plan, prompt, max_tokens, served.stop_ids, params
+            )
         except RequestRefused as err:
             raise refusal(req.model, err, "messages" if chat else "prompt") from None
         call = _Call(state, served, req, validated, chat)
@@ -207,8 +214,10 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
     return await call.respond(request)
 
 
-def _parse(raw: bytes, chat: bool) -> CompletionRequest:
-    return parse_request(parse_json(raw), chat)
+def _parse(raw: bytes, chat: bool) -> tuple[CompletionRequest, dict]:
+    """The request and its sampling fields (``serve.sampling_fields``: checked per plan)."""
+    body, sampling = split_sampling(parse_json(raw))
+    return parse_request(body, chat), sampling
 
 
 def _prompt_ids(served: ServedModel, req: CompletionRequest) -> list[int]:
@@ -290,8 +299,11 @@ class _Call:
         use = usage(len(self.prompt), len(gen.tokens))
         ids = gen.tokens if self.req.return_token_ids else None
         make = chat_body if self.chat else completion_body
-        return JSONResponse(make(self.rid, self.created, self.req.model, text,
-                                 self._finish_reason(gen), use, ids))
+        body = make(self.rid, self.created, self.req.model, text, self._finish_reason(gen), use, ids)
+        logprobs = logprobs_body(gen, self.served.stop_ids, self.served.tokenizer.decode, self.chat)
+        if logprobs is not None:
+            body["choices"][0]["logprobs"] = logprobs
+        return JSONResponse(body)
 
     async def sse(self, request: Request) -> AsyncIterator[str]:
         model, rid, created = self.req.model, self.rid, self.created

@@ -78,6 +78,9 @@ def test_compile_command_parses_back_to_the_same_options(tmp_path: Path) -> None
     )  # fmt: skip
     assert (args.profile, args.sync_every, args.hash_weights) == ("cpu-x86-2core", 2, True)
     assert args.pack_seconds == 0.5
+    sampled = CompileRequest(config=TINY_QWEN2, input_tokens=16, output_tokens=8, sampling=True)
+    words = shlex.split(compile_command(sampled, "c.json", "p.plan"))
+    assert build_parser().parse_args(words[1:]).sampling
     plain = CompileRequest(config=TINY_QWEN2, input_tokens=16, output_tokens=8)
     assert compile_command(plain, "c.json", "p.plan") == "dctms compile c.json -N 16 -M 8 -o p.plan"
 

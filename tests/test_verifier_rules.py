@@ -660,6 +660,11 @@ CASES: list[tuple[str, str, Break]] = [
             _with_prefill(p), phases=[*_with_prefill(p).phases, replace(P0(p), name="decode_start")]
         ),
     ),
+    (
+        "sampling",
+        "a --sampling plan whose phases lack the sampling inputs",
+        lambda p: with_request(_with_prefill(p), sampling=True),
+    ),
     ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),
     (

@@ -89,6 +89,8 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
             words += [flag, str(value)]
     if request.hash_weights:
         words.append("--hash-weights")
+    if request.sampling:
+        words.append("--sampling")
     return shlex.join(words + kind_flags(request) + ["-o", output])
 
 
