@@ -18,6 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from msgspec.structs import replace as struct_replace
+from test_real_model import smollm2  # noqa: F401 - the session fixture
 
 from dctms.runner.request import validate_request
 from dctms.runner.sampling import SamplingParams
@@ -267,13 +268,9 @@ def test_sampling_refused_where_the_runner_cannot_feed_it(tiny) -> None:
         compile_plan(open_model(folder), CompileOptions(N, M, kv_bits=4, sampling=True))
 
 
-SMOLLM2 = Path.home() / ".cache/dctms/smollm2/smollm2-135m-instruct-float32"
-
-
 @pytest.mark.slow
-def test_real_smollm2_seeded_ids_equal_mlx_lm(tmp_path) -> None:
-    if not (SMOLLM2 / "config.json").is_file():
-        pytest.skip(f"SmolLM2 folder missing: {SMOLLM2} (made by `dctms demo`)")
+def test_real_smollm2_seeded_ids_equal_mlx_lm(smollm2, tmp_path) -> None:  # noqa: F811
+    SMOLLM2 = smollm2  # noqa: N806 - the session's converted folder (test_real_model's fixture)
     from mlx_lm import load
 
     from dctms.runner.load import load_checked_plan
