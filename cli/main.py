@@ -8,6 +8,7 @@ import os
 import sys
 from typing import NoReturn
 
+import dctms
 from dctms.schema.errors import DctmsError
 
 # Each module defines ``register(subparsers)`` which adds its parser with ``set_defaults(func=...)``;
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dctms",
         description="Deterministic compile-time memory plans for MLX LLM inference.",
     )
+    parser.add_argument("--version", action="version", version=f"dctms {dctms.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
