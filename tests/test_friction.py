@@ -1,0 +1,181 @@
+"""The friction a first user hits (issue 32, item 6): each fixed behaviour, tested as a user meets it.
+
+``--version`` and the reports' ``dctms_version``; ``compile`` requires ``-o`` and says what it wrote;
+over-budget bytes with separators; ``show`` of a model config; the API's ``OverBudgetError`` and
+``check_plan``'s empty remedy on an up-to-date plan.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from conftest import TINY_QWEN2
+
+import dctms
+from dctms.cli.main import main as cli
+from dctms.schema.io import decode_plan, read_plan
+
+
+def dctms_cli(*argv: str) -> subprocess.CompletedProcess:
+    """``dctms ARGV`` in a fresh process, stdout and stderr captured (neither is a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "dctms.cli.main", *argv], capture_output=True, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("friction") / "model" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(TINY_QWEN2))
+    return path
+
+
+# ----------------------------------------------------------------------------------- version
+
+
+def test_version_is_the_installed_one(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"dctms {version('dctms')}\n"
+    assert dctms.__version__ == version("dctms")
+
+
+def test_run_report_records_the_version(tiny_plan) -> None:
+    from dctms.runner.report import build_report
+    from dctms.runner.session import Generation
+
+    gen = Generation(tokens=[1, 2], ttft_s=0.01, token_latencies_s=[0.005])
+    report = build_report(tiny_plan, gen, 10, 10, [], None)
+    assert report["dctms_version"] == version("dctms")
+
+
+class _System:
+    """A stand-in system that generates ``max_tokens`` zeros at once."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def prepare(self) -> None:
+        pass
+
+    def generate(self, ids, max_tokens, stop):
+        from dctms.benchmark.systems import Output
+
+        return Output([0] * max_tokens, 0.001, [0.001] * (max_tokens - 1))
+
+
+def test_bench_files_record_the_version(tmp_path: Path) -> None:
+    from dctms.benchmark.execute import execute
+    from dctms.benchmark.prompts import Prompt, PromptIds
+    from dctms.benchmark.protocol import Settings
+    from dctms.benchmark.systems import BASELINE, RUNNER
+
+    prompts = [PromptIds(Prompt("P1", "one", "x"), [1, 2])]
+    systems = [_System(BASELINE), _System(RUNNER)]
+    settings = Settings(reps=1, max_tokens=2, warmup=0)
+    execute(systems, prompts, settings, tmp_path, {}, resamples=10, figures=False)
+    for name in ("calls.json", "summary.json"):
+        assert json.loads((tmp_path / name).read_text())["dctms_version"] == version("dctms")
+
+
+# ----------------------------------------------------------------------------------- compile -o
+
+
+def test_compile_without_o_is_refused_before_any_work(config: Path) -> None:
+    proc = dctms_cli("compile", str(config), "-N", "8", "-M", "4")
+    assert proc.returncode == 2 and proc.stdout == b""
+    assert proc.stderr.decode().splitlines() == [
+        "dctms compile: give -o PLAN (the plan file to write; -o - writes it to stdout)"
+    ]
+
+
+def test_compile_to_stdout_says_so_on_stderr(config: Path) -> None:
+    proc = dctms_cli("compile", str(config), "-N", "8", "-M", "4", "-o", "-")
+    assert proc.returncode == 0, proc.stderr
+    plan = decode_plan(proc.stdout)  # stdout holds the plan and nothing else
+    total = plan.envelope.total
+    (line,) = proc.stderr.decode().splitlines()  # stderr is not a terminal: the summary all the same
+    assert line.startswith("wrote the plan to stdout: M_max ") and f"({total:,} B;" in line
+
+
+def test_compile_to_a_file_names_it_and_quiet_says_nothing(config: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tiny.plan"
+    proc = dctms_cli("compile", str(config), "-N", "8", "-M", "4", "-o", str(out))
+    assert proc.returncode == 0 and proc.stdout == b""
+    total = read_plan(out).envelope.total
+    assert re.fullmatch(rf"wrote {re.escape(str(out))}: M_max .* \({total:,} B; .*\)\n",
+                        proc.stderr.decode())  # fmt: skip
+    quiet = dctms_cli("compile", str(config), "-N", "8", "-M", "4", "-o", str(out), "-q")
+    assert quiet.returncode == 0 and quiet.stderr == b""
+
+
+def test_over_budget_prints_bytes_with_separators(config: Path, tmp_path: Path) -> None:
+    out = tmp_path / "big.plan"
+    proc = dctms_cli("compile", str(config), "-N", "8", "-M", "4", "-o", str(out), "-q",
+                     "--memory", "1MiB")  # fmt: skip
+    assert proc.returncode == 1
+    env = read_plan(out).envelope  # written all the same
+    assert env.free is not None and env.free < 0 and -env.free > 999_999
+    (line,) = proc.stderr.decode().splitlines()
+    assert f"({env.total:,} B)" in line and "(1,048,576 B) budget" in line
+    assert line.endswith(f"short by {dctms_human(-env.free)} ({-env.free:,} B)")
+    assert str(-env.free) not in line  # never the bare digits
+
+
+def dctms_human(n: int) -> str:
+    from dctms.figures.units import human
+
+    return human(n)
+
+
+# ----------------------------------------------------------------------------------- show config
+
+
+def test_show_of_a_model_config_says_how_to_compile_it(config: Path) -> None:
+    for path in (config, config.parent):
+        proc = dctms_cli("show", str(path))
+        assert proc.returncode == 2 and proc.stdout == b""
+        (line,) = proc.stderr.decode().splitlines()
+        assert "model_type 'qwen2'), not a plan" in line
+        assert f"dctms compile {path} -N 2048 -M 256 -o model.plan" in line
+
+
+def test_show_of_other_json_is_still_the_plan_error(tmp_path: Path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hidden_size": 8}))  # no model_type: not recognisably a config
+    proc = dctms_cli("show", str(other))
+    assert proc.returncode == 2 and "not a plan" not in proc.stderr.decode()
+
+
+# ----------------------------------------------------------------------------------- API
+
+
+def test_compile_plan_over_budget_raises_with_the_shortfall(config: Path) -> None:
+    with pytest.raises(dctms.OverBudgetError) as err:
+        dctms.compile_plan(config, 8, 4, memory="1MiB")
+    assert isinstance(err.value, dctms.DctmsError) and err.value.exit_code == 1
+    env = err.value.plan.envelope
+    assert env.device == 2**20 and env.free < 0
+    assert f"short by {dctms_human(-env.free)} ({-env.free:,} B)" in str(err.value)
+    # and what fits is returned, as before
+    assert dctms.compile_plan(config, 8, 4, memory=env.total).envelope.free == 0
+
+
+def test_check_plan_of_an_up_to_date_plan_has_no_remedy(config: Path, tmp_path: Path) -> None:
+    path = tmp_path / "fresh.plan"
+    dctms.write_plan(dctms.compile_plan(config, 8, 4), path)
+    result = dctms.check_plan(path)
+    assert result.ok and result.remedy == ""
+    grown = tmp_path / "grown" / "config.json"
+    grown.parent.mkdir()
+    grown.write_text(json.dumps({**TINY_QWEN2, "num_hidden_layers": 3}))
+    stale = dctms.check_plan(path, grown)
+    assert stale.verdict == "stale" and stale.remedy.startswith("dctms compile ")
