@@ -179,3 +179,37 @@ def test_check_plan_of_an_up_to_date_plan_has_no_remedy(config: Path, tmp_path: 
     grown.write_text(json.dumps({**TINY_QWEN2, "num_hidden_layers": 3}))
     stale = dctms.check_plan(path, grown)
     assert stale.verdict == "stale" and stale.remedy.startswith("dctms compile ")
+
+
+# ----------------------------------------------------------------------------------- config mismatch
+
+
+def test_config_differences_name_each_key() -> None:
+    from dctms.schema.fingerprint import config_differences
+
+    plan_cfg = {"model_type": "qwen2", "num_hidden_layers": 2, "a": 1, "b": 1, "c": 1}
+    given = {"model_type": "llama", "num_hidden_layers": 4, "a": 1, "b": 2, "d": [1]}
+    assert config_differences(given, plan_cfg, most=9) == (
+        "b 2 vs 1, c absent vs 1, d [1] vs absent, model_type 'llama' vs 'qwen2', "
+        "num_hidden_layers 4 vs 2"
+    )
+    assert config_differences(given, plan_cfg, most=2) == "b 2 vs 1, c absent vs 1 (+3 more)"
+    assert config_differences(plan_cfg, dict(reversed(plan_cfg.items()))) == ""
+
+
+def test_run_with_another_config_names_what_differs(tmp_path: Path) -> None:
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    folder = tmp_path / "m"
+    write_tiny_model(folder, TINY_QWEN2)
+    plan = tmp_path / "m.plan"
+    dctms.write_plan(dctms.compile_plan(folder, 8, 4), plan)
+    changed = {**TINY_QWEN2, "model_type": "llama", "rms_norm_eps": 1e-5}
+    (folder / "config.json").write_text(json.dumps(changed))
+    proc = dctms_cli("run", str(plan), "--model", str(folder), "--tokens", "1")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.decode().splitlines()
+    assert line.endswith(
+        "differs from the config the plan was compiled for (this folder's vs the plan's: "
+        "model_type 'llama' vs 'qwen2', rms_norm_eps 1e-05 vs 1e-06)"
+    )
