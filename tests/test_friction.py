@@ -213,3 +213,40 @@ def test_run_with_another_config_names_what_differs(tmp_path: Path) -> None:
         "differs from the config the plan was compiled for (this folder's vs the plan's: "
         "model_type 'llama' vs 'qwen2', rms_norm_eps 1e-05 vs 1e-06)"
     )
+
+
+# ----------------------------------------------------------------------------------- demo
+
+
+def test_demo_leaves_an_unchanged_plan_alone(tmp_path: Path, tiny_plan) -> None:
+    import os
+
+    import msgspec
+
+    from dctms.cli.commands.demo import keep_or_write_plan
+    from dctms.schema.io import encode_plan
+
+    path = tmp_path / "demo.plan"
+    assert keep_or_write_plan(tiny_plan, path)
+    os.utime(path, ns=(10**18, 10**18))  # an old mtime: any rewrite would change it
+    assert not keep_or_write_plan(tiny_plan, path)
+    assert path.stat().st_mtime_ns == 10**18
+    other = msgspec.structs.replace(
+        tiny_plan, bounds=msgspec.structs.replace(tiny_plan.bounds, output_tokens=7)
+    )
+    assert keep_or_write_plan(other, path)
+    assert path.read_bytes() == encode_plan(other) and path.stat().st_mtime_ns != 10**18
+
+
+@pytest.mark.slow
+def test_a_second_demo_keeps_the_cached_plan(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    argv = ("demo", "--dir", str(folder), "-N", "64", "-M", "4")
+    first = dctms_cli(*argv)
+    assert first.returncode == 0, first.stderr
+    assert f"plan written to {folder / 'demo.plan'}" in first.stdout.decode()
+    before = (folder / "demo.plan").stat().st_mtime_ns
+    second = dctms_cli(*argv)
+    assert second.returncode == 0, second.stderr
+    assert f"plan unchanged in {folder / 'demo.plan'}" in second.stdout.decode()
+    assert (folder / "demo.plan").stat().st_mtime_ns == before
