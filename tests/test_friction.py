@@ -250,3 +250,23 @@ def test_a_second_demo_keeps_the_cached_plan(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     assert f"plan unchanged in {folder / 'demo.plan'}" in second.stdout.decode()
     assert (folder / "demo.plan").stat().st_mtime_ns == before
+
+
+# ----------------------------------------------------------------------------------- dctms-tui
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [([], "the following arguments are required: PLAN"),
+     (["a", "b", "c"], "give one PLAN, or OLD NEW to compare two plans"),
+     (["--screen", "nope", "x"], "argument --screen: invalid choice: 'nope'")],
+)  # fmt: skip
+def test_tui_usage_errors_are_one_line(argv: list[str], needle: str, capsys) -> None:
+    from dctms.tui.app import main as tui
+
+    with pytest.raises(SystemExit) as done:
+        tui(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dctms-tui: {needle}") and err.endswith("(see dctms-tui --help)\n")
+    assert err.count("\n") == 1 and "usage:" not in err

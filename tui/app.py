@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NoReturn
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -222,8 +223,15 @@ def seconds_since_process_start() -> float:
 _IMPORTED = time.perf_counter()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line and exit 2, as ``dctms``'s are."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dctms-tui",
         description=(
             "Inspect a dctms plan in the terminal: envelope, memory curve, lifetimes, buffers, "
