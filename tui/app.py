@@ -108,11 +108,21 @@ class InspectorApp(App[int]):
         """(mode, title) of this inspection's screens, in number-key order."""
         return [(s.MODE, s.TITLE) for s in self.screen_classes]
 
+    @property
+    def absent_screens(self) -> list[tuple[str, str]]:
+        """(mode, title) of the screens in number-key order this inspection does not have."""
+        return [(s.MODE, s.TITLE) for s in SCREEN_ORDER if s not in self.screen_classes]
+
     def action_show(self, mode: str) -> None:
         if mode in self.modes:
             self.switch_mode(mode)
         elif mode == "diff":
-            self.notify("the Diff screen needs two plans: dctms-tui OLD NEW", severity="warning")
+            self.notify(
+                "the Diff screen compares two plans: start it as dctms-tui OLD NEW",
+                title="no Diff with one plan",
+                severity="warning",
+                timeout=10,
+            )
 
     def action_show_number(self, number: int) -> None:
         if 1 <= number <= len(self.modes):
