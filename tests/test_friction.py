@@ -270,3 +270,38 @@ def test_tui_usage_errors_are_one_line(argv: list[str], needle: str, capsys) -> 
     err = capsys.readouterr().err
     assert err.startswith(f"dctms-tui: {needle}") and err.endswith("(see dctms-tui --help)\n")
     assert err.count("\n") == 1 and "usage:" not in err
+
+
+# ----------------------------------------------------------------------------------- explain
+
+PLANS = Path(__file__).resolve().parent.parent / "plans"
+
+
+def test_explain_headline_names_where_most_of_the_peak_lives() -> None:
+    from dctms.figures.explain import peak_sentence, phase_peak, subtree_bytes, where_it_lives
+
+    plan = read_plan(PLANS / "qwen7b.plan")
+    prefill = next(p for p in plan.phases if p.name == "prefill")
+    pk = phase_peak(plan, prefill)
+    path, held, parts = where_it_lives(pk)
+    under = subtree_bytes(pk.modules)
+    # the deepest module holding more than half of the peak: none of its children does
+    assert held == under[path] and 2 * held > pk.bytes
+    children = [k for k in under if k.startswith(path + ".") and "." not in k[len(path) + 1 :]]
+    assert children and all(2 * under[k] <= pk.bytes for k in children)
+    assert sum(b for _, b in parts) == held
+    # here a layer, which the first module at the peak (its attention) holds less than half of
+    top = pk.modules[0].module
+    assert top.startswith(path + ".") and 2 * pk.modules[0].bytes < pk.bytes
+    sentence = peak_sentence(pk)
+    assert f"{100 * held / pk.bytes:.1f} % in {path} (" in sentence
+    assert f"largest module {top}: " in sentence
+
+
+def test_explain_headline_without_a_majority_lists_the_largest() -> None:
+    from dctms.figures.explain import ModuleShare, PhasePeak, peak_sentence
+
+    shares = [ModuleShare("lm_head", 30, 1, ()), ModuleShare("model.norm", 40, 1, ()),
+              ModuleShare("(step)", 30, 2, ())]  # fmt: skip
+    pk = PhasePeak("decode", 3, 9, 100, 100, sorted(shares, key=lambda s: -s.bytes), [])
+    assert "across model 40.0 %, (step) 30.0 %, lm_head 30.0 %;" in peak_sentence(pk)
