@@ -305,3 +305,37 @@ def test_explain_headline_without_a_majority_lists_the_largest() -> None:
               ModuleShare("(step)", 30, 2, ())]  # fmt: skip
     pk = PhasePeak("decode", 3, 9, 100, 100, sorted(shares, key=lambda s: -s.bytes), [])
     assert "across model 40.0 %, (step) 30.0 %, lm_head 30.0 %;" in peak_sentence(pk)
+
+
+# ----------------------------------------------------------------------------------- roofline
+
+
+def test_predictions_default_to_the_blas_dctms_runs_with() -> None:
+    from dctms.figures.roofline import CPU_OPENBLAS, plan_roofline, prediction_profile
+    from dctms.toolkit.profiles import PROFILES
+
+    plan = read_plan(PLANS / "qwen7b.plan")
+    own = plan.target.profile
+    assert own.name == "cpu-x86-2core" and "reference" not in own.name  # the plan is unchanged
+    assert prediction_profile(plan) is CPU_OPENBLAS and PROFILES[CPU_OPENBLAS.name] is CPU_OPENBLAS
+    assert "OpenBLAS" in CPU_OPENBLAS.peak_flops_source and CPU_OPENBLAS.peak_flops > own.peak_flops
+    default, scheduled = plan_roofline(plan), plan_roofline(plan, own)
+    assert default.profile is CPU_OPENBLAS
+    assert default.ttft_s < scheduled.ttft_s / 5  # not the reference BLAS's thousands of seconds
+    # a profile with no such substitute is its own prediction profile (e.g. a GPU plan's)
+    gpu = msgspec_replace_target(plan, backend="gpu", profile=PROFILES["apple-m4-16gb"])
+    assert prediction_profile(gpu) is gpu.target.profile
+
+
+def msgspec_replace_target(plan, **fields):
+    import msgspec
+
+    return msgspec.structs.replace(plan, target=msgspec.structs.replace(plan.target, **fields))
+
+
+def test_every_predicted_time_names_its_profile(tmp_path: Path) -> None:
+    plan = str(PLANS / "qwen1.5b.plan")
+    roofline = dctms_cli("roofline", plan).stdout.decode()
+    assert "on profile cpu-x86-2core-openblas" in roofline
+    diff = dctms_cli("diff", plan, str(PLANS / "qwen7b.plan")).stdout.decode()
+    assert "predicted at the roofline (cpu-x86-2core-openblas)" in diff
