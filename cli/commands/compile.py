@@ -47,12 +47,12 @@ def run(args: argparse.Namespace) -> int:
     from dctms.cli.inputs import model_inputs
     from dctms.schema.output import reserve_output
 
-    if args.output is None:  # a plan is megabytes of JSON: never onto a terminal by default
-        raise DctmsError("give -o PLAN (the plan file to write; -o - writes it to stdout)")
-    if args.ranks > 1 or args.parallel is not None:
+    if args.ranks > 1 or args.parallel is not None:  # -o FOLDER, checked there
         from dctms.cli.distributed import compile_ranks_command
 
         return compile_ranks_command(args)
+    if args.output is None:  # a plan is megabytes of JSON: never onto a terminal by default
+        raise DctmsError("give -o PLAN (the plan file to write; -o - writes it to stdout)")
     if args.output == "":
         raise DctmsError("-o '': empty path (use - for stdout)")
     if args.output == "-":
