@@ -348,7 +348,7 @@ def test_bad_vision_compile_options_are_one_line(tmp_path, capsys, family, extra
     config = tmp_path / "config.json"  # a config alone compiles (weights are optional)
     config.write_text(json.dumps(CONFIGS[family]()))
     n = FAMILIES[family][0]
-    rc = main(["compile", str(config), "-N", str(n), "-M", str(M), "-q", *extra])
+    rc = main(["compile", str(config), "-N", str(n), "-M", str(M), "-q", "-o", "-", *extra])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and needle in err
 
