@@ -220,12 +220,16 @@ class Session:
             mx.set_wired_limit(min(env.provable, cap))
 
     def generate(
-        self, request: Request, on_token: Callable[[int], bool] | None = None
+        self,
+        request: Request,
+        on_token: Callable[[int], bool] | None = None,
+        on_logprobs: Callable[[TokenLogprobs], None] | None = None,
     ) -> Generation:
         """The tokens for a request ``validate_request`` made for this session's plan: greedy, or
         as its sampling settings ask of a plan compiled with --sampling (``runner.sampling``).
         ``on_token`` sees each token as it is read (a server streams them); when it returns False
-        the generation ends there, as at a stop token."""
+        the generation ends there, as at a stop token. ``on_logprobs`` sees each token's
+        log-probabilities (when the request asks for them) just before ``on_token`` sees it."""
         if request.plan is not self.plan:
             raise ValueError("the request was validated for another plan")
         prompt, max_tokens, stop = list(request.prompt), request.max_tokens, request.stop
@@ -246,6 +250,8 @@ class Session:
         gen = Generation([token], t0 - start, seed=sampling.seed if sampling else None)
         if reads_logprobs:
             gen.logprobs.append(read_logprobs(out, top))
+            if on_logprobs is not None:
+                on_logprobs(gen.logprobs[-1])
         if on_token is not None and on_token(token) is False:
             return gen
         position = len(prompt)
@@ -265,6 +271,8 @@ class Session:
             token = int(inflight["next_token"].item())
             if reads_logprobs:
                 gen.logprobs.append(read_logprobs(inflight, top))
+                if on_logprobs is not None:
+                    on_logprobs(gen.logprobs[-1])
             now = time.perf_counter()
             gen.token_latencies_s.append(now - t0)
             t0 = now

@@ -131,7 +131,15 @@ def logprobs_body(gen, hidden: frozenset[int], decode, chat: bool) -> dict | Non
     token_logprobs, top_logprobs, text_offset}``. None when the request asked for none."""
     if not gen.logprobs:
         return None
-    rows = [(t, lp) for t, lp in zip(gen.tokens, gen.logprobs, strict=False) if t not in hidden]
+    rows = list(zip(gen.tokens, gen.logprobs, strict=False))
+    return logprobs_rows(rows, hidden, decode, chat)
+
+
+def logprobs_rows(rows: list, hidden: frozenset[int], decode, chat: bool,
+                  offset: int = 0) -> dict:
+    """``logprobs_body`` for some of a generation's (token, TokenLogprobs): a streamed chunk's;
+    ``offset``: the text already sent before them (completions' ``text_offset``)."""
+    rows = [(t, lp) for t, lp in rows if t not in hidden]
     if chat:
         return {
             "content": [
@@ -143,7 +151,7 @@ def logprobs_body(gen, hidden: frozenset[int], decode, chat: bool) -> dict | Non
             ]
         }
     texts = [decode([t]) for t, _ in rows]
-    offsets = [sum(len(x) for x in texts[:k]) for k in range(len(texts))]
+    offsets = [offset + sum(len(x) for x in texts[:k]) for k in range(len(texts))]
     return {
         "tokens": texts,
         "token_logprobs": [lp.logprob for _, lp in rows],

@@ -104,6 +104,33 @@ def test_completion_logprobs_in_openais_format(client):
     assert "".join(lp.tokens) == got.choices[0].text
 
 
+@pytest.mark.parametrize("chat", [True, False])
+def test_streamed_logprobs_add_up_to_the_whole_answers(client, chat):
+    """Each streamed chunk carries the log-probabilities of the tokens its text came from; over
+    the stream they are the unstreamed answer's, with the same seed (completions' text offsets
+    continue across chunks)."""
+    kwargs = dict(model="sampled", max_tokens=M, temperature=0.7, seed=3)
+    if chat:
+        ask = dict(messages=[{"role": "user", "content": PROMPT}], logprobs=True, top_logprobs=2)
+        whole = client.chat.completions.create(**kwargs, **ask).choices[0]
+        chunks = [c for c in client.chat.completions.create(**kwargs, **ask, stream=True)
+                  if c.choices]  # fmt: skip
+        streamed = [e for c in chunks if c.choices[0].logprobs
+                    for e in c.choices[0].logprobs.content]  # fmt: skip
+        assert [(e.token, e.logprob) for e in streamed] == [
+            (e.token, e.logprob) for e in whole.logprobs.content
+        ]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.message.content
+    else:
+        whole = client.completions.create(**kwargs, prompt=PROMPT, logprobs=2).choices[0]
+        chunks = list(client.completions.create(**kwargs, prompt=PROMPT, logprobs=2, stream=True))
+        lps = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+        assert [t for lp in lps for t in lp.tokens] == whole.logprobs.tokens
+        assert [v for lp in lps for v in lp.token_logprobs] == whole.logprobs.token_logprobs
+        assert [o for lp in lps for o in lp.text_offset] == whole.logprobs.text_offset
+    assert len(streamed if chat else lps) > 0
+
+
 def test_greedy_plan_refuses_sampling_naming_the_flag(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(
@@ -122,7 +149,6 @@ def test_greedy_plan_refuses_sampling_naming_the_flag(client):
         ({"temperature": "hot"}, "temperature"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"repetition_context_size": 10**6}, "repetition_context_size"),
-        ({"logprobs": 2, "stream": True}, "logprobs"),
     ],
 )
 def test_bad_sampling_fields_are_400_naming_the_field(server, extra, field):
