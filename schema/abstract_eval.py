@@ -364,7 +364,9 @@ class OpAt:
 
 
 def evaluate(
-    phase: Phase, input_ranges: Callable[[tuple[int, ...] | None], dict[str, Range]]
+    phase: Phase,
+    input_ranges: Callable[[tuple[int, ...] | None], dict[str, Range]],
+    strict_bound: bool = True,
 ) -> Iterator[OpAt]:
     """Every op at every point the phase runs at, in plan order (the order the runner creates
     them); EvalError (with ``op`` set) at the first op MLX would refuse. ``input_ranges(point)``:
@@ -373,6 +375,10 @@ def evaluate(
     An op is evaluated once per distinct combination of the lengths it depends on (through its
     inputs, its arguments' and outputs' affine places), not once per point: most of a phase does
     not depend on every length, so a 7B plan's 144 points cost a few of its ops' evaluations each.
+
+    ``strict_bound`` False: at the bound, an op MLX would refuse or whose shapes differ from the
+    plan's is evaluated on the plan's shapes instead (a plan the runner cannot execute, only
+    inspect, need not be MLX's own: the verifier's synthetic plans are not).
     """
     points = points_of(phase)
     bound = tuple(phase.lengths.bound) if phase.lengths is not None else None
@@ -412,13 +418,20 @@ def evaluate(
             try:
                 out = _evaluate_op(k, op, places[p], recorded, ins)
             except EvalError as err:
-                if not exact:
+                if strict_bound or not exact:
                     raise _at(err, k, p) from None
                 out = (op.args, [(s, None) for s in _recorded(op, recorded)])
             if exact and [s for s, _ in out[1]] != _recorded(op, recorded):
-                # The runner's first call builds the bound through apply_op, which refuses an
-                # op whose outputs differ from the plan's in one line: only the other points run
-                # unchecked. What follows is evaluated on the plan's shapes.
+                if strict_bound:
+                    found = [list(s) for s, _ in out[1]]
+                    raise _at(
+                        EvalError(
+                            f"makes {found}, the plan records "
+                            f"{[list(s) for s in _recorded(op, recorded)]}"
+                        ),
+                        k,
+                        p,
+                    )
                 out = (
                     out[0],
                     [(s, r) for s, (_, r) in zip(_recorded(op, recorded), out[1], strict=False)],

@@ -29,8 +29,13 @@ from collections.abc import Iterator
 from dctms.schema.abstract_eval import EvalError, OpAt, Range, evaluate
 from dctms.schema.access import state_writes
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
+from dctms.schema.rules_runner import runnable
 
 Finding = tuple[str, str]
+
+ADDRESSING = frozenset(
+    {"DynamicSlice", "DynamicSliceUpdate", "Gather", "GatherAxis", "ScatterAxis"}
+)
 
 
 def runtime_ranges(ix: PlanIndex, px: PhaseIndex, point) -> dict[str, Range]:
@@ -57,9 +62,11 @@ def index_safety(ix: PlanIndex) -> Iterator[Finding]:
         position_writes = {w.op_position for w in state_writes(px.phase)[0]}
         recorded = {t.id: t.shape for t in px.phase.tensors}
         try:
-            for op in evaluate(px.phase, lambda p, px=px: runtime_ranges(ix, px, p)):
-                found = list(_planned_size(px, op, recorded))
-                if op.position not in position_writes:
+            ranges = lambda p, px=px: runtime_ranges(ix, px, p)  # noqa: E731
+            for op in evaluate(px.phase, ranges, strict_bound=runnable(ix.plan)):
+                # at the bound the evaluation keeps the plan's shapes (see abstract_eval)
+                found = [] if op.exact else list(_planned_size(px, op, recorded))
+                if op.primitive in ADDRESSING and op.position not in position_writes:
                     found += _access(px, op)
                 if found:
                     yield found[0][0], _where(op.point) + found[0][1]
@@ -95,9 +102,15 @@ def _access(px: PhaseIndex, op: OpAt) -> Iterator[Finding]:
     prim, args, shapes, ranges = op.primitive, op.args, op.shapes, op.ranges
     where = px.op_path(op.position)
     try:
+        if prim in ("DynamicSlice", "DynamicSliceUpdate", "Gather"):
+            extent = list(args[1]) if prim != "DynamicSliceUpdate" else list(shapes[1])
+            if len(extent) != len(shapes[0]) or any(
+                not 0 <= e <= n for e, n in zip(extent, shapes[0], strict=True)
+            ):
+                yield where, f"{prim} of extent {extent} outside its operand {list(shapes[0])}"
+                return
         if prim in ("DynamicSlice", "DynamicSliceUpdate"):
             axes = list(args[0])
-            extent = list(args[1]) if prim == "DynamicSlice" else list(shapes[1])
             start = ranges[-1]
             for ax in axes:
                 problem = _inside(start, shapes[0][ax] - extent[ax], "start")
