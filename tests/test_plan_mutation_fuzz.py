@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,11 +133,13 @@ def _validate_all(kinds, work: Path) -> list[tuple[str, Path, Path, dict]]:
 
 
 def test_mutated_plans_are_refused_or_run(kinds, tmp_path) -> None:
+    started = time.monotonic()
     results = _validate_all(kinds, tmp_path / "mutants")
+    judged = time.monotonic() - started
     ran = sum(r["ran"] for *_, r in results)
     accepted = sum(r["accepted"] for *_, r in results)
     errors = [e for *_, r in results for e in r["errors"]]
-    print(f"{ran} mutated plans: {ran - accepted} refused, {accepted} accepted")
+    print(f"{ran} mutated plans: {ran - accepted} refused, {accepted} accepted ({judged:.0f} s)")
     assert ran >= COUNT and not errors, errors[:5]
 
     # Refused ones: dctms validate says so, exit 2, every line naming the file.
@@ -168,7 +171,9 @@ def test_mutated_plans_are_refused_or_run(kinds, tmp_path) -> None:
             cases.append({"id": len(cases), "kind": kind, "what": what,
                           "argv": ["run", str(target), *argv]})  # fmt: skip
     assert cases, "no accepted mutant to run"
+    started = time.monotonic()
     problems = _run_cases(cases, tmp_path / "cases.json")
+    print(f"{len(cases)} accepted mutants run ({time.monotonic() - started:.0f} s)")
     assert not problems, problems
 
 
