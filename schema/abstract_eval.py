@@ -102,6 +102,8 @@ def _copy(value):
 
 def broadcast(shapes: Sequence[Shape]) -> Shape:
     """NumPy/MLX broadcasting of ``shapes``; EvalError when they do not broadcast."""
+    if all(s == shapes[0] for s in shapes):  # the tracer broadcast them: the usual case
+        return shapes[0] if shapes else ()
     ndim = max((len(s) for s in shapes), default=0)
     out = []
     for axis in range(ndim):
@@ -256,10 +258,9 @@ def _out_shapes(
                 raise EvalError(f"negative padding {lo}, {hi}")
         return [tuple(out)]
     if prim == "View":
-        if not x or itemsizes[0] == 0:
+        if not x or len(itemsizes) != 2 or 0 in itemsizes:
             return None
-        size = x[-1] * itemsizes[1] // itemsizes[0] if len(itemsizes) > 1 else x[-1]
-        return [(*x[:-1], size)]
+        return [(*x[:-1], x[-1] * itemsizes[0] // itemsizes[1])]
     if prim == "Gather":
         axes, sizes = _ints(args[0], "axes"), tuple(_ints(args[1], "slice sizes"))
         if len(sizes) != len(x) or any(not 0 <= s <= n for s, n in zip(sizes, x, strict=True)):
@@ -496,9 +497,10 @@ def _evaluate_op(k, op, places: PointPlaces, recorded, ins) -> tuple[list, list]
     shapes_in = [s for s, _ in ins]
     ranges_in = [r for _, r in ins]
     outs = [recorded.get(t, ((), "float32")) for t in op.outputs]
-    itemsizes = [ITEMSIZE.get(d, 0) for _, d in outs]
-    if op.inputs and op.inputs[0] in recorded:
-        itemsizes.insert(0, ITEMSIZE.get(recorded[op.inputs[0]][1], 0))
+    itemsizes = []
+    if op.primitive == "View":  # the input's and the output's item sizes
+        first = recorded.get(op.inputs[0]) if op.inputs else None
+        itemsizes = [ITEMSIZE.get(d, 0) for d in (first[1] if first else "", outs[0][1])]
     try:
         inferred = (
             None

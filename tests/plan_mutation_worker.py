@@ -1,9 +1,10 @@
 """Workers of the plan-mutation fuzzer (``test_plan_mutation_fuzz``).
 
-``python plan_mutation_worker.py validate PLAN SEED COUNT OUT KEEP``: ``COUNT`` mutations of the
-plan (``plan_mutations``), each judged by the verifier; prints one JSON line: cases run, how many
-were accepted, internal errors (an exception from a rule is a bug, not a refusal), and writes up to
-``KEEP`` accepted and ``KEEP`` refused mutants, re-stamped, into OUT (for the runner and the CLI).
+``python plan_mutation_worker.py validate JOBS``: for each job of the JSON list (``{"plan", "seed",
+"count", "out", "keep"}``), ``count`` mutations of the plan (``plan_mutations``), each judged by the
+verifier; prints one JSON line per job: cases run, how many were accepted, internal errors (an
+exception from a rule is a bug, not a refusal), and writes up to ``keep`` accepted and ``keep``
+refused mutants, re-stamped, into ``out`` (for the runner and the CLI).
 
 ``python plan_mutation_worker.py run CASES``: runs each case of the JSON list (``{"id", "argv"}``)
 as ``dctms ARGV`` in this process; prints ``start ID`` (flushed) before and ``end ID CODE
@@ -54,7 +55,7 @@ def validate(plan: Path, seed: int, count: int, out: Path, keep: int) -> None:
                 kept[verdict] += 1
         finally:
             m.undo()
-    print(json.dumps({"ran": count, "accepted": accepted, "errors": errors}))
+    print(json.dumps({"ran": count, "accepted": accepted, "errors": errors}), flush=True)
 
 
 def run(cases: Path) -> None:
@@ -76,7 +77,7 @@ def run(cases: Path) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "validate":
-        plan_, seed_, count_, out_, keep_ = sys.argv[2:7]
-        validate(Path(plan_), int(seed_), int(count_), Path(out_), int(keep_))
+        for job in json.loads(Path(sys.argv[2]).read_text()):
+            validate(Path(job["plan"]), job["seed"], job["count"], Path(job["out"]), job["keep"])
     else:
         run(Path(sys.argv[2]))

@@ -30,7 +30,7 @@ from dctms.cli.main import main
 HERE = Path(__file__).parent
 COUNT = int(os.environ.get("DCTMS_MUTATION_CASES", "4000"))
 SEED = int(os.environ.get("DCTMS_MUTATION_SEED", "35"))
-KEEP = 3  # accepted (and refused) mutants kept per plan for the runner (and for validate)
+KEEP = 2  # accepted (and refused) mutants kept per plan for the runner (and for validate)
 
 TEXT = {
     "model_type": "qwen2",
@@ -107,28 +107,31 @@ def kinds(tmp_path_factory) -> dict[str, tuple[list[Path], list[str]]]:
 
 
 def _validate_all(kinds, work: Path) -> list[tuple[str, Path, Path, dict]]:
-    """Every plan's mutations judged by a worker: (kind, plan, its mutants' folder, result)."""
+    """Every plan's mutations judged by two workers (the machine's cores are shared): (kind,
+    plan, its mutants' folder, result), in plan order."""
     plans = [(kind, p) for kind, (paths, _) in kinds.items() for p in paths]
     each = -(-COUNT // len(plans))
-    procs = []
+    jobs = []
     for k, (kind, plan) in enumerate(plans):
         out = work / f"{kind}-{plan.stem}"
         out.mkdir(parents=True)
-        argv = [sys.executable, str(HERE / "plan_mutation_worker.py"), "validate", str(plan),
-                str(SEED + k), str(each), str(out), str(KEEP)]  # fmt: skip
-        procs.append((kind, plan, out, argv))
+        jobs.append({"plan": str(plan), "seed": SEED + k, "count": each, "out": str(out),
+                     "keep": KEEP})  # fmt: skip
+    procs = []
+    for w in range(2):
+        listing = work / f"jobs{w}.json"
+        listing.write_text(json.dumps(jobs[w::2]))
+        argv = [sys.executable, str(HERE / "plan_mutation_worker.py"), "validate", str(listing)]
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))  # fmt: skip
+    lines: list[list[str]] = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"a validating worker died: {stderr[-2000:]}"
+        lines.append(stdout.strip().splitlines())
     results = []
-    running: list[tuple[str, Path, Path, subprocess.Popen]] = []
-    pending = list(procs)
-    while pending or running:
-        while pending and len(running) < 2:  # two at a time: the machine's cores are shared
-            kind, plan, out, argv = pending.pop(0)
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            running.append((kind, plan, out, proc))
-        kind, plan, out, proc = running.pop(0)
-        stdout, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"{kind}: the validating worker died: {stderr[-2000:]}"
-        results.append((kind, plan, out, json.loads(stdout.strip().splitlines()[-1])))
+    for k, ((kind, plan), job) in enumerate(zip(plans, jobs, strict=True)):
+        results.append((kind, plan, Path(job["out"]), json.loads(lines[k % 2][k // 2])))
     return results
 
 
