@@ -51,6 +51,8 @@ RING = {**TWO, "model_type": "gemma3_text", "head_dim": 32, "query_pre_attn_scal
         "sliding_window": 8, "sliding_window_pattern": 2}  # fmt: skip
 BOUNDS = ["-N", "16", "-M", "8", "--prefill-chunk", "8", "--pack-seconds", "0", "-q"]
 TOKENS = ["--tokens", "1,2,3,4,5,6,7,8,9,10,11", "--max-tokens", "4"]
+TWO_TOKENS = ["--max-tokens", "2"]
+QUANTISED = ["--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "8"]
 
 
 def _compile(folder: Path, out: Path, *extra: str) -> Path:
@@ -77,11 +79,7 @@ def kinds(tmp_path_factory) -> dict[str, tuple[list[Path], list[str]]]:
     model = lambda folder: ["--model", str(folder), *TOKENS]  # noqa: E731
     out = {
         "text": ([_compile(one, root / "text.plan")], model(one)),
-        "kv-quantised": (
-            [_compile(one, root / "q.plan", "--kv-bits", "4", "--kv-group-size", "32",
-                      "--quantized-kv-start", "8")],  # fmt: skip
-            model(one),
-        ),
+        "kv-quantised": ([_compile(one, root / "q.plan", *QUANTISED)], model(one)),
         "kv-rotating": ([_compile(one, root / "rot.plan", "--max-kv-size", "12")], model(one)),
         "ring": ([_compile(ring, root / "ring.plan")], model(ring)),
         "speculative": (
@@ -100,8 +98,15 @@ def kinds(tmp_path_factory) -> dict[str, tuple[list[Path], list[str]]]:
                  "1", "--image-size", "32x32", "--pack-seconds", "0", "-q", "-o", str(vision)]) == 0  # fmt: skip
     out["vision"] = (
         [vision],
-        ["--model", str(vlm), "--prompt", "<start_of_image>what", "--image", str(image),
-         "--max-tokens", "2"],  # fmt: skip
+        [
+            "--model",
+            str(vlm),
+            "--prompt",
+            "<start_of_image>what",
+            "--image",
+            str(image),
+            *TWO_TOKENS,
+        ],
     )
     return out
 
