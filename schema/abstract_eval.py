@@ -362,6 +362,7 @@ class OpAt:
     outputs: list[Shape]
     point: tuple[int, ...] | None
     exact: bool
+    out_ranges: list[Range]
 
 
 def evaluate(
@@ -440,7 +441,7 @@ def evaluate(
             for t, v in zip(op.outputs, out[1], strict=True):
                 values[t][key] = v
             yield OpAt(k, op.primitive, out[0], [s for s, _ in ins], [r for _, r in ins],
-                       [s for s, _ in out[1]], p, exact)  # fmt: skip
+                       [s for s, _ in out[1]], p, exact, [r for _, r in out[1]])  # fmt: skip
         for t in op.outputs:
             deps[t], values[t] = _narrowed(dep, values[t])
 

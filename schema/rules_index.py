@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dctms.schema.abstract_eval import EvalError, OpAt, Range, evaluate
 from dctms.schema.access import state_writes
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
-from dctms.schema.rules_runner import runnable
+from dctms.schema.rules_runner import RESULT, runnable
 
 Finding = tuple[str, str]
 
@@ -60,6 +60,9 @@ def index_safety(ix: PlanIndex) -> Iterator[Finding]:
     """Shapes that MLX accepts and accesses inside their operands, at every point of every phase."""
     for px in ix.phases:
         position_writes = {w.op_position for w in state_writes(px.phase)[0]}
+        # The runner feeds a phase's next_token back as the next call's token ids.
+        fed_back = {b.id for b in px.phase.outputs if b.kind == "output" and b.name == RESULT}
+        fed_back = fed_back if runnable(ix.plan) else set()
         recorded = {t.id: t.shape for t in px.phase.tensors}
         try:
             ranges = lambda p, px=px: runtime_ranges(ix, px, p)  # noqa: E731
@@ -68,6 +71,7 @@ def index_safety(ix: PlanIndex) -> Iterator[Finding]:
                 found = [] if op.exact else list(_planned_size(px, op, recorded))
                 if op.primitive in ADDRESSING and op.position not in position_writes:
                     found += _access(px, op)
+                found += _fed_back(px, op, fed_back, ix.plan.model.vocab_size)
                 if found:
                     yield found[0][0], _where(op.point) + found[0][1]
                     break  # one finding per phase: the rest often follows from it
@@ -75,6 +79,19 @@ def index_safety(ix: PlanIndex) -> Iterator[Finding]:
             op = err.op if err.op is not None else 0
             name = px.phase.ops[op].primitive if op < len(px.phase.ops) else "?"
             yield px.op_path(op), f"{_where(err.point)}{name}: {err}"
+
+
+def _fed_back(px: PhaseIndex, op: OpAt, fed_back: set[str], vocab: int) -> list[Finding]:
+    """A generated id is an index the next call gathers by: it must lie below ``vocab_size``
+    (which rule ``vocabulary`` proves the embedding holds)."""
+    outputs = px.phase.ops[op.position].outputs
+    for t, r in zip(outputs, op.out_ranges, strict=False):
+        if t in fed_back and (r is None or r[0] < 0 or r[1] > vocab - 1):
+            what = "not bounded by the plan" if r is None else f"ranges over [{r[0]}, {r[1]}]"
+            return [(px.op_path(op.position),
+                     f"the generated id {t} is {what}, outside [0, {vocab - 1}]: the next call "
+                     "gathers by it")]  # fmt: skip
+    return []
 
 
 def _where(point) -> str:

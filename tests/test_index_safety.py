@@ -141,3 +141,14 @@ def test_a_runtime_index_is_bounded_by_what_the_runner_feeds(plans) -> None:
         o["outputs"][0]: o["inputs"][0] for o in prefill["ops"] if o["primitive"] == "Reshape"
     }
     assert names.get(reshaped.get(op["inputs"][1], op["inputs"][1])) == "last_index"
+
+
+def test_a_generated_id_past_the_vocabulary_is_refused(plans, tmp_path) -> None:
+    """The runner feeds ``next_token`` back as the next call's token ids, unchecked on the host:
+    the argmax it comes from must range below ``model.vocab_size`` (257 logits here)."""
+
+    def edit(doc: dict) -> None:
+        doc["model"]["vocab_size"] = 200
+
+    edited = edit_plan(plans["text"], tmp_path / "edited.plan", edit)
+    assert_invalid(cli("validate", str(edited)), "ranges over [0, 256], outside [0, 199]")
