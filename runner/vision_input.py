@@ -82,9 +82,17 @@ def read_images(paths: list[str], plan: Plan) -> list:
     return images
 
 
-def prepare(plan: Plan, folder: Path, tokenizer, text: str, images: list) -> VisionInputs:
+def prepare(
+    plan: Plan,
+    folder: Path,
+    tokenizer,
+    text: str,
+    images: list,
+    add_special_tokens: bool = True,
+) -> VisionInputs:
     """Token ids and pixel values for ``text`` with ``images``, checked against the plan's bounds
-    (number of images, size after preprocessing; the prompt length is the request's)."""
+    (number of images, size after preprocessing; the prompt length is the request's).
+    ``add_special_tokens`` False: the text is a rendered chat template that holds them already."""
     vision = _vision(plan)
     prompting = PROMPTING.get(vision.family)
     if prompting is None:
@@ -129,7 +137,7 @@ def prepare(plan: Plan, folder: Path, tokenizer, text: str, images: list) -> Vis
     expanded = pieces[0]
     for count, piece in zip(counts, pieces[1:], strict=True):
         expanded += prompting.expansion.format(tokens=prompting.image_token * count) + piece
-    ids = tokenizer.encode(expanded)
+    ids = tokenizer.encode(expanded, add_special_tokens=add_special_tokens)
     rows, image, within = [], 0, 0
     for t in ids:
         if t == vision.image_token_id and image < len(counts):
