@@ -46,7 +46,8 @@ TEXT = {
     "tie_word_embeddings": True,
     "torch_dtype": "float32",
 }
-TWO = {**TEXT, "num_hidden_layers": 2, "num_key_value_heads": 2}  # shards over two ranks
+WIDE = {**TEXT, "num_key_value_heads": 2}  # shards over two ranks
+TWO = {**WIDE, "num_hidden_layers": 2}  # pipelines over two ranks
 RING = {**TWO, "model_type": "gemma3_text", "head_dim": 32, "query_pre_attn_scalar": 32,
         "sliding_window": 8, "sliding_window_pattern": 2}  # fmt: skip
 BOUNDS = ["-N", "16", "-M", "8", "--prefill-chunk", "8", "--pack-seconds", "0", "-q"]
@@ -69,8 +70,9 @@ def kinds(tmp_path_factory) -> dict[str, tuple[list[Path], list[str]]]:
     from dctms.toolkit.vision_tiny import write_tiny_vlm
 
     root = tmp_path_factory.mktemp("mutations")
-    one, two, ring = root / "one", root / "two", root / "ring"
+    one, wide, two, ring = root / "one", root / "wide", root / "two", root / "ring"
     write_tiny_model(one, TEXT)
+    write_tiny_model(wide, WIDE, seed=4)
     write_tiny_model(two, TWO, seed=2)
     write_tiny_model(ring, RING, seed=3)
     vlm = write_tiny_vlm(root / "vlm" / "model", "gemma3")
@@ -83,15 +85,15 @@ def kinds(tmp_path_factory) -> dict[str, tuple[list[Path], list[str]]]:
         "kv-rotating": ([_compile(one, root / "rot.plan", "--max-kv-size", "12")], model(one)),
         "ring": ([_compile(ring, root / "ring.plan")], model(ring)),
         "speculative": (
-            [_compile(two, root / "spec.plan", "--draft", str(one), "--num-draft", "2")],
-            [*model(two), "--draft-model", str(one)],
+            [_compile(one, root / "spec.plan", "--draft", str(one), "--num-draft", "2")],
+            [*model(one), "--draft-model", str(one)],
         ),
     }
-    for mode in ("pipeline", "tensor"):
-        folder = _compile(two, root / mode, "--ranks", "2", "--parallel", mode)
+    for mode, folder in (("pipeline", two), ("tensor", wide)):
+        plans = _compile(folder, root / mode, "--ranks", "2", "--parallel", mode)
         out[mode] = (
-            sorted(folder.glob("rank*.plan")),
-            ["--ranks", "2", "--rank-timeout", "30", *model(two)],
+            sorted(plans.glob("rank*.plan")),
+            ["--ranks", "2", "--rank-timeout", "30", *model(folder)],
         )
     vision = root / "vision.plan"
     assert main(["compile", str(vlm), "-N", "40", "-M", "4", "--prefill-chunk", "16", "--images",
