@@ -150,11 +150,18 @@ def _over_bound(k: int, size: tuple[int, int], vision) -> ImageRefused:
 
 
 def prepare(
-    plan: Plan, folder: Path, tokenizer, text: str, images: list, processor=None
+    plan: Plan,
+    folder: Path,
+    tokenizer,
+    text: str,
+    images: list,
+    processor=None,
+    add_special_tokens: bool = True,
 ) -> VisionInputs:
     """Token ids and pixel values for ``text`` with ``images``, checked against the plan's bounds
     (number of images, size after preprocessing; the prompt length is the request's);
-    ``processor``: the folder's image processor when already loaded (``image_processor``)."""
+    ``processor``: the folder's image processor when already loaded (``image_processor``);
+    ``add_special_tokens`` False: the text is a rendered chat template that holds them already."""
     vision = _vision(plan)
     prompting = PROMPTING.get(vision.family)
     if prompting is None:
@@ -196,7 +203,7 @@ def prepare(
     expanded = pieces[0]
     for count, piece in zip(counts, pieces[1:], strict=True):
         expanded += prompting.expansion.format(tokens=prompting.image_token * count) + piece
-    ids = tokenizer.encode(expanded)
+    ids = tokenizer.encode(expanded, add_special_tokens=add_special_tokens)
     rows, image, within = [], 0, 0
     for t in ids:
         if t == vision.image_token_id and image < len(counts):

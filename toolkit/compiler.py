@@ -91,7 +91,9 @@ from dctms.toolkit.trace import (
     max_window,
 )
 
-CREATION_PRIMITIVES = ("Arange", "Full")  # their output shape is an input of the runner's call
+# Their output shape is an input of the runner's call (a pipeline rank receives the activations
+# of the tokens at the call's length point, so Recv's shape follows the lengths too).
+CREATION_PRIMITIVES = ("Arange", "Full", "Recv")
 ARENA_KINDS = ("intermediate", "output", "scratch")
 
 # MLX's allocators reuse a cached buffer for a request of S bytes when it is smaller than
