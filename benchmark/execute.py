@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import dctms
 from dctms.benchmark import stats
 from dctms.benchmark import systems as systems_mod
 from dctms.benchmark.progress import ProgressBar
@@ -55,6 +56,7 @@ def execute(
     out_dir.mkdir(parents=True, exist_ok=True)
     header = {
         "format": FORMAT,
+        "dctms_version": dctms.__version__,
         "status": "running",
         "planned_calls": len(schedule(len(prompts), settings.reps, len(systems))),
         "settings": described,

@@ -58,6 +58,7 @@ def summarise(
     ratio.update({pid: ratios([pid], pid) for pid in prompt_ids})
     summary = {
         "format": "dctms-bench-summary/1",
+        "dctms_version": header.get("dctms_version"),
         "status": header.get("status"),
         "completed_calls": len(all_calls),
         "paired_calls": len(calls),

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+import dctms
 from dctms.benchmark.systems import MlxLimits, Output, Runner, record_token
 from dctms.figures.units import MIB
 from dctms.schema.output import write_output
@@ -225,6 +226,7 @@ def bench_speculative(
     out_dir.mkdir(parents=True, exist_ok=True)
     header = {
         "format": FORMAT,
+        "dctms_version": dctms.__version__,
         "status": "running",
         "planned_calls": len(schedule(len(prompts), settings.reps, len(systems))),
         "settings": described,
@@ -232,7 +234,10 @@ def bench_speculative(
     }
     calls = CallsFile(out_dir / CALLS_NAME, header)
     outcome = run_protocol(systems, prompts, settings, calls, progress, measure_with_acceptance)
-    summary = summarise(outcome.calls, [p.prompt.id for p in prompts], plan.draft.num_draft)
+    summary = {
+        "dctms_version": dctms.__version__,
+        **summarise(outcome.calls, [p.prompt.id for p in prompts], plan.draft.num_draft),
+    }
     write(out_dir, summary)
     return outcome, summary
 

@@ -130,6 +130,13 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         "about an eighth beyond 8 steps (default 32)",
     )
     parser.add_argument(
+        "--sampling",
+        action="store_true",
+        help="trace mlx-lm's sampler and logits processors (temperature, top-p, top-k, min-p, "
+        "repetition penalty, logit bias, seeded draws) and the log-probabilities OpenAI's logprobs "
+        "return into the plan, their parameters chosen per request (default: greedy only)",
+    )
+    parser.add_argument(
         "--hash-weights",
         action="store_true",
         help="record the sha256 of every safetensors file (reads all weights once)",
@@ -207,6 +214,7 @@ def compile_options(
         ranks=args.ranks,
         parallel=args.parallel,
         split=rank_split(args),
+        sampling=getattr(args, "sampling", False),
     )
 
 

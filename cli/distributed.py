@@ -32,7 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import dctms
 from dctms.cli.progress import progress_printer
+from dctms.figures.budget import shortfall
 from dctms.schema.errors import DctmsError
 from dctms.schema.ranks import PLAN_NAME
 
@@ -86,9 +88,7 @@ def compile_ranks_command(args: argparse.Namespace) -> int:
     if short:
         p = short[0]
         print(
-            f"dctms compile: rank {p.distributed.rank}'s M_max {p.envelope.total} bytes does not "
-            f"fit the {p.envelope.device} byte budget",
-            file=sys.stderr,
+            f"dctms compile: rank {p.distributed.rank}'s {shortfall(p.envelope)}", file=sys.stderr
         )
         return 1
     return 0
@@ -214,7 +214,13 @@ def launch(args: argparse.Namespace) -> int:
     if message:
         print(f"dctms run: {message}", file=sys.stderr)
     if args.report is not None:
-        doc = {"ranks": args.ranks, "status": status, "message": message, "per_rank": found}
+        doc = {
+            "dctms_version": dctms.__version__,
+            "ranks": args.ranks,
+            "status": status,
+            "message": message,
+            "per_rank": found,
+        }
         data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
         write_output(args.report, data, inputs=[folder], label=label)
     return status

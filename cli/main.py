@@ -8,6 +8,7 @@ import os
 import sys
 from typing import NoReturn
 
+import dctms
 from dctms.cli.hf_cache import MODEL_ARGUMENTS, resolve_model_arguments
 from dctms.schema.errors import DctmsError
 
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dctms",
         description="Deterministic compile-time memory plans for MLX LLM inference.",
     )
+    parser.add_argument("--version", action="version", version=f"dctms {dctms.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

@@ -19,7 +19,9 @@ The Python API -- these names are stable; everything in the subpackages may chan
 A scheduler admitting jobs by M_max needs only ``read_plan``: reading a plan imports msgspec and
 jsonschema, never MLX or mlx-lm (``compile_plan``, ``fit`` and ``check_plan`` import the compiler
 when called). Bad input raises ``DctmsError`` (one-line message, ``exit_code`` 2); an invalid plan
-raises its subclass ``PlanError`` (``problems`` lists every finding).
+raises its subclass ``PlanError`` (``problems`` lists every finding); a ``compile_plan`` whose M_max
+does not fit its ``memory`` raises the subclass ``OverBudgetError`` (the shortfall in its message,
+the plan in ``err.plan``; ``exit_code`` 1, as ``dctms compile --memory`` exits).
 
 Subpackages: ``dctms.schema`` (the plan file contract), ``dctms.toolkit`` (compiler passes),
 ``dctms.runner`` (executes plans), ``dctms.views`` (text, dot, trace), ``dctms.cli`` (the
@@ -33,7 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from dctms.schema.errors import DctmsError, PlanError  # plain exception classes, no imports
+from dctms.schema.errors import (  # plain exception classes, no imports
+    DctmsError,
+    OverBudgetError,
+    PlanError,
+)
 
 if TYPE_CHECKING:
     from dctms.schema.types import Envelope, Plan
@@ -47,6 +53,7 @@ __all__ = [
     "DctmsError",
     "Envelope",
     "FitResult",
+    "OverBudgetError",
     "Plan",
     "PlanError",
     "check_plan",
@@ -109,8 +116,9 @@ def compile_plan(
 
     ``model`` is a folder holding config.json (and, optionally, the model*.safetensors the plan is
     then fingerprinted against) or a config.json path. ``memory`` (bytes, or a size such as
-    "16GiB") is recorded as the device budget: ``plan.envelope.free`` is then what is left (negative
-    when M_max does not fit). The other options are ``dctms compile``'s (see its ``--help``).
+    "16GiB") is recorded as the device budget: ``plan.envelope.free`` is then what is left; when
+    M_max does not fit, ``OverBudgetError`` is raised (its message gives the shortfall in bytes,
+    ``err.plan`` is the plan). The other options are ``dctms compile``'s (see its ``--help``).
     ``pack_seconds`` is the offset packer's search budget (a fixed amount of work, so the plan
     does not depend on the machine). ``run_ahead`` is ``--run-ahead``: "free" (MLX's own run-ahead
     bound, no throttle) or "throttled" (a smaller envelope; the runner's memory limit holds MLX's
@@ -121,6 +129,7 @@ def compile_plan(
     layers per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every
     rank's. ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
+    from dctms.figures.budget import shortfall
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import compile_plan as _compile
 
@@ -150,7 +159,11 @@ def compile_plan(
         parallel=parallel,
         split=split,
     )
-    return _compile(open_model(model), options, progress)
+    plan = _compile(open_model(model), options, progress)
+    short = shortfall(plan.envelope)
+    if short:
+        raise OverBudgetError(short, plan)
+    return plan
 
 
 def _options(input_tokens: int, output_tokens: int, **fields: Any) -> CompileOptions:

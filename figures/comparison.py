@@ -105,7 +105,7 @@ class PlanDiff:
     phases: list[PhaseDelta]
     bounds: list[Change]
     fingerprint: list[Change]
-    roofline: list[Delta]  # predicted speed, each plan on its own target profile
+    roofline: list[Delta]  # predicted speed, each plan on its prediction profile
 
     @property
     def changed(self) -> int:
@@ -293,7 +293,7 @@ def _changes(a: list[tuple[str, str, Any]], b: list[tuple[str, str, Any]]) -> li
 
 def roofline_deltas(old: Plan, new: Plan) -> list[Delta]:
     """Predicted decode tok/s and ms per token, and TTFT for a prompt both plans accept (the
-    smaller N), each plan on its own target profile (``figures.roofline``)."""
+    smaller N), each plan on its prediction profile (``figures.roofline.prediction_profile``)."""
     prompt = min(old.bounds.input_tokens, new.bounds.input_tokens)
     a, b = plan_roofline(old, prompt_tokens=prompt), plan_roofline(new, prompt_tokens=prompt)
     return [

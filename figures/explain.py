@@ -286,15 +286,60 @@ def explain(plan: Plan, phase: str | None = None) -> Explanation:
     return Explanation(**{**ex.__dict__, "findings": findings(plan, ex)})
 
 
+def subtree_bytes(modules: list[ModuleShare]) -> dict[str, int]:
+    """Bytes under every module path and each of its ancestors (``model.layers.3`` holds its
+    ``self_attn``'s and ``mlp``'s); the empty path is the whole."""
+    total: dict[str, int] = {}
+    for share in modules:
+        names = share.module.split(".")
+        for depth in range(len(names) + 1):
+            key = ".".join(names[:depth])
+            total[key] = total.get(key, 0) + share.bytes
+    return total
+
+
+def where_it_lives(pk: PhasePeak) -> tuple[str, int, list[tuple[str, int]]]:
+    """(module path, its bytes, its largest parts) where most of the peak lives: from the whole
+    down, into the one child holding more than half of the peak while there is one. Its parts are
+    its children (and its own tensors, as the path itself), largest first."""
+    under = subtree_bytes(pk.modules)
+    path = ""
+    while True:
+        prefix = f"{path}." if path else ""
+        children = {
+            k: b
+            for k, b in under.items()
+            if k and k.startswith(prefix) and "." not in k[len(prefix) :]
+        }
+        own = sum(m.bytes for m in pk.modules if m.module == path) if path else 0
+        parts = sorted(
+            [(k[len(prefix) :], b) for k, b in children.items()] + ([(path, own)] if own else []),
+            key=lambda kv: (-kv[1], kv[0]),
+        )
+        big = [(k, b) for k, b in children.items() if 2 * b > pk.bytes]
+        if not big:
+            return path, under.get(path, 0), parts
+        path = big[0][0]
+
+
 def peak_sentence(pk: PhasePeak) -> str:
-    """``prefill peak 204.06 MiB (slot 41 of 1,406) is at model.layers.0.self_attn: ...``."""
+    """``prefill peak 202.63 MiB (slot 1585 of 1651): 86.4 % in model.layers.26 (self_attn 40.5 %,
+    mlp 29.1 %, ...); largest module model.layers.26.self_attn: [shapes] (63.00 MiB in 5 tensors)``."""
     if not pk.modules:
         return f"{pk.phase}: no arena tenants"
+    path, held, parts = where_it_lives(pk)
+
+    def pct(n: int) -> str:
+        return f"{100 * n / pk.bytes:.1f} %" if pk.bytes else "n/a"
+
+    inside = ", ".join(f"{name} {pct(b)}" for name, b in parts[:3])
+    more = f", +{len(parts) - 3} more" if len(parts) > 3 else ""
+    where = f"{pct(held)} in {path} ({inside}{more})" if path else f"across {inside}{more}"
     top = pk.modules[0]
-    share = f"{human(top.bytes)} of it in {top.tensors} tensor{'s' * (top.tensors != 1)}"
+    share = f"{human(top.bytes)} in {top.tensors} tensor{'s' * (top.tensors != 1)}"
     return (
-        f"{pk.phase} peak {human(pk.bytes)} (slot {pk.slot} of {pk.slots}) is at {top.module}: "
-        f"{'; '.join(top.shapes[:3])} ({share})"
+        f"{pk.phase} peak {human(pk.bytes)} (slot {pk.slot} of {pk.slots}): {where}; largest "
+        f"module {top.module}: {'; '.join(top.shapes[:3])} ({share})"
     )
 
 

@@ -5,6 +5,14 @@ Each op takes ``max(FLOPs / peak_flops, bytes / bandwidth)`` (its roofline time)
 phase run one after another, so a phase's time is the sum over its ops. That is a *lower bound* on a
 real run: dispatch overhead, cache effects and kernels below peak only add to it, which is what the
 predicted/measured ratio shows.
+
+Predictions default to ``prediction_profile(plan)``: the plan's own target profile, except where
+that profile describes a BLAS dctms does not run with. The CPU scheduling profile
+``cpu-x86-2core`` was measured on MLX's bundled reference BLAS (4.5 GFLOP/s), while every ``dctms``
+command that computes preloads OpenBLAS (``dctms.runner.blas``); its predictions use
+``cpu-x86-2core-openblas``, the same machine through OpenBLAS. The plan itself (its slots, which
+the scheduling profile decides) is unchanged. A fixed, recorded profile keeps every prediction the
+same on every machine; ``dctms roofline --measure`` measures the machine it runs on.
 """
 
 from __future__ import annotations
@@ -14,6 +22,31 @@ from dataclasses import dataclass, field
 
 from dctms.figures.op_costs import BYTE_KINDS, CLASSES, OpCost, phase_costs
 from dctms.schema.types import Phase, Plan, TargetProfile
+
+# The development machine through the BLAS dctms runs with (see the module docstring).
+CPU_OPENBLAS = TargetProfile(
+    name="cpu-x86-2core-openblas",
+    peak_flops=102e9,
+    peak_flops_source=(
+        "measured 2026-12-02: best of 15 MLX float32 2048x2048 matmuls through OpenBLAS 0.3.21 "
+        "(2 threads, preloaded as dctms does) on the 2-core AVX-512 Xeon this project is developed "
+        "on, 102 GFLOP/s (dctms roofline --measure re-measures)"
+    ),
+    bandwidth_bytes_per_s=21.0e9,
+    bandwidth_source=(
+        "measured: best of 10 numpy copies of 256 MiB on the same machine, 21 GB/s read+write "
+        "(as cpu-x86-2core; dctms roofline --measure re-measures)"
+    ),
+)
+# Scheduling profiles whose BLAS is not the one dctms runs with -> the profile to predict on.
+PREDICT_ON = {"cpu-x86-2core": CPU_OPENBLAS}
+
+
+def prediction_profile(plan: Plan) -> TargetProfile:
+    """The profile predicted times use by default (module docstring): the plan's own, or for a
+    plan scheduled on the reference-BLAS CPU profile, the same machine through OpenBLAS."""
+    own = plan.target.profile
+    return PREDICT_ON.get(own.name, own) if plan.target.backend == "cpu" else own
 
 
 @dataclass
@@ -143,9 +176,9 @@ def prefill_calls(plan: Plan, prompt_tokens: int) -> list[tuple[str, int]]:
 def plan_roofline(
     plan: Plan, profile: TargetProfile | None = None, prompt_tokens: int | None = None
 ) -> Roofline:
-    """The plan on ``profile`` (default: the plan's own target profile); TTFT for a prompt of
+    """The plan on ``profile`` (default: ``prediction_profile(plan)``); TTFT for a prompt of
     ``prompt_tokens`` (default: the plan's N)."""
-    profile = profile or plan.target.profile
+    profile = profile or prediction_profile(plan)
     prompt = plan.bounds.input_tokens if prompt_tokens is None else prompt_tokens
     phases = [phase_roofline(p, profile) for p in plan.phases]
     by_name = {p.name: p for p in phases}

@@ -248,6 +248,11 @@ class PhaseProgram:
         graph is built meanwhile and evaluated only once they are done. With ``wait=False`` the call
         returns while its last segment computes, so the caller can build the next call."""
         variant = self.variant(self.lengths.bound if point is None else tuple(point))
+        if not self.checked and variant.point != self.lengths.bound:
+            # The other points run unchecked: the bound's outputs are checked against the plan
+            # first (on placeholders, nothing computed), whatever point the first call uses.
+            self._build(self.lengths.bound, weights, state, check=True)
+            self.checked = True
         env = self._static_env(weights)
         for tid, name in self._state_inputs:
             env[tid] = state.pop(name)

@@ -10,7 +10,7 @@ from dctms.runner import weight_arena
 from dctms.runner.primitives import SUPPORTED, dtype_from_name
 from dctms.runner.weight_arena import ArenaInfo
 from dctms.schema.errors import DctmsError
-from dctms.schema.fingerprint import canonical_config_sha256, file_sha256
+from dctms.schema.fingerprint import canonical_config_sha256, config_differences, file_sha256
 from dctms.schema.io import read_plan
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.rules_runner import RUNNER_INPUTS
@@ -66,9 +66,16 @@ def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = Fals
 
     Raises with the first difference, before any weight is read."""
     if canonical_config_sha256(model.config) != plan.model.config_sha256:
+        recorded = _recorded_config(plan)
+        what = (
+            config_differences(model.config, recorded)
+            if recorded is not None
+            else f"sha256 {canonical_config_sha256(model.config)[:12]} vs "
+            f"{plan.model.config_sha256[:12]}"
+        )
         raise DctmsError(
             f"{model.path}/config.json differs from the config the plan was compiled for "
-            f"(sha256 {canonical_config_sha256(model.config)[:12]} vs {plan.model.config_sha256[:12]})"
+            f"(this folder's vs the plan's: {what})"
         )
     have = {h.name: h for h in model.headers()}
     want = {w.name: w for w in plan.model.weights.tensors}
@@ -97,6 +104,18 @@ def check_fingerprint(plan: Plan, model: ModelFolder, verify_hashes: bool = Fals
             digest = file_sha256(f)
             if recorded.get(f.name) != digest:
                 raise DctmsError(f"{f}: sha256 {digest[:12]} differs from the plan's")
+
+
+def _recorded_config(plan: Plan) -> dict | None:
+    """The config the plan records for its model (a draft view's is the request's draft_config),
+    or None when it records none that hashes to ``model.config_sha256``."""
+    request = plan.compile
+    if request is None:
+        return None
+    for config in (request.config, request.draft_config):
+        if config is not None and canonical_config_sha256(config) == plan.model.config_sha256:
+            return config
+    return None
 
 
 def load_weights(model: ModelFolder, plan: Plan) -> tuple[dict[str, mx.array], ArenaInfo]:

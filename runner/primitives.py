@@ -344,6 +344,25 @@ def _quantize(args: list, x: list[mx.array]) -> list[mx.array]:
     return list(mx.quantize(x[0], group_size=group_size, bits=bits, mode=mode))
 
 
+def _random_bits(args: list, x: list[mx.array]) -> mx.array:
+    # [shape, width]; input: one key. Only mx.random.split makes it from Python: shape (n, 2),
+    # 4-byte words (a sampling plan's key split; its draw's bits are elementwise ops).
+    shape, width = list(args[0]), args[1]
+    if len(shape) != 2 or shape[1] != 2 or width != 4 or tuple(x[0].shape) != (2,):
+        raise DctmsError(
+            f"unsupported primitive RandomBits [{shape}, {width}]: only mx.random.split's "
+            f"(n, 2) keys map 1:1 (mlx {mx.__version__})"
+        )
+    return mx.random.split(x[0], shape[0])
+
+
+_RANDOM: dict[str, Handler] = {
+    "RandomBits": _random_bits,
+    # [right]; inputs: a sorted 1-d array, the values (a sampling plan's categorical draw)
+    "SearchSorted": lambda a, x: mx.searchsorted(x[0], x[1], side="right" if a[0] else "left"),
+}
+
+
 _CREATION: dict[str, Callable[[list, list[mx.array], tuple, mx.Dtype], mx.array]] = {
     # [start, stop, step]; the dtype is the output's
     "Arange": lambda a, x, shape, dtype: mx.arange(a[0], a[1], a[2], dtype=dtype),
@@ -435,6 +454,7 @@ _HANDLERS: dict[str, Handler] = {
     **_SHAPE,
     **_GATHERS,
     **_LINALG,
+    **_RANDOM,
     **collectives.HANDLERS,  # a rank's plan (mlx.distributed)
 }
 

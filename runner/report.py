@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 
+import dctms
 from dctms.runner.blas import loaded_blas
 from dctms.runner.session import Generation
 from dctms.schema.output import write_output
@@ -25,6 +26,7 @@ def build_report(
     provable = plan.envelope.provable
     lat = gen.token_latencies_s
     return {
+        "dctms_version": dctms.__version__,
         "prompt_tokens": prompt,
         "tokens": gen.tokens,
         "text": text,

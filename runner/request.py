@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dctms.runner.sampling import SamplingParams, check_params
 from dctms.schema.errors import DctmsError
 from dctms.schema.types import Plan
+
+GREEDY = SamplingParams()
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class Request:
     prompt: tuple[int, ...]
     max_tokens: int
     stop: frozenset[int]
+    sampling: SamplingParams = GREEDY  # checked against the plan (runner.sampling)
 
 
 class RequestRefused(DctmsError):
@@ -55,17 +59,27 @@ class TokenOutsideVocabulary(RequestRefused):
 
 
 def validate_request(
-    plan: Plan, prompt: Iterable[int], max_tokens: int, stop: Iterable[int] = ()
+    plan: Plan,
+    prompt: Iterable[int],
+    max_tokens: int,
+    stop: Iterable[int] = (),
+    sampling: SamplingParams = GREEDY,
 ) -> Request:
     """Refuse, with one line naming the problem, a request the plan cannot serve: a batch plan, a
-    token count outside 1..M, an empty prompt or one longer than N, an id outside the vocabulary."""
-    return validate_requests(plan, [prompt], max_tokens, stop)[0]
+    token count outside 1..M, an empty prompt or one longer than N, an id outside the vocabulary,
+    sampling settings the plan or mlx-lm does not take."""
+    return validate_requests(plan, [prompt], max_tokens, stop, sampling)[0]
 
 
 def validate_requests(
-    plan: Plan, prompts: Iterable[Iterable[int]], max_tokens: int, stop: Iterable[int] = ()
+    plan: Plan,
+    prompts: Iterable[Iterable[int]],
+    max_tokens: int,
+    stop: Iterable[int] = (),
+    sampling: SamplingParams = GREEDY,
 ) -> list[Request]:
     """``validate_request`` for several prompts generating the same number of tokens."""
+    check_params(plan, sampling)
     b = plan.bounds
     if b.batch != 1:
         raise DctmsError(f"this runner executes batch-1 plans; the plan has batch {b.batch}")
@@ -92,7 +106,7 @@ def validate_requests(
                 b.input_tokens,
             )
         _check_ids(plan, ids)
-        requests.append(Request(plan, ids, max_tokens, stop))
+        requests.append(Request(plan, ids, max_tokens, stop, sampling))
     return requests
 
 

@@ -1,4 +1,4 @@
-"""A run of a plan: refuse mismatches, allocate everything once, generate greedily, measure.
+"""A run of a plan: refuse mismatches, allocate everything once, generate, measure.
 
 Order of events (each step only after the previous succeeded), each check made once:
 1. the plan (``load.load_checked_plan``: schema, verifier, MLX version, backend, phases) and the
@@ -25,6 +25,8 @@ from dctms.runner.mlx_lm_calls import START, prefill_like_mlx_lm
 from dctms.runner.prerecord import decode_point, prefill_chunks, union_points
 from dctms.runner.primitives import dtype_from_name
 from dctms.runner.request import Request
+from dctms.runner.sampling import TokenLogprobs, read_logprobs
+from dctms.runner.sampling import prepare as prepare_sampling
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
@@ -128,6 +130,10 @@ class Generation:
     tokens: list[int]
     ttft_s: float
     token_latencies_s: list[float] = field(default_factory=list)
+    # A sampling plan's: the seed its draws followed, and each token's log-probabilities when
+    # the request asked for them.
+    seed: int | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -214,22 +220,38 @@ class Session:
             mx.set_wired_limit(min(env.provable, cap))
 
     def generate(
-        self, request: Request, on_token: Callable[[int], bool] | None = None
+        self,
+        request: Request,
+        on_token: Callable[[int], bool] | None = None,
+        on_logprobs: Callable[[TokenLogprobs], None] | None = None,
     ) -> Generation:
-        """Greedy tokens for a request ``validate_request`` made for this session's plan.
+        """The tokens for a request ``validate_request`` made for this session's plan: greedy, or
+        as its sampling settings ask of a plan compiled with --sampling (``runner.sampling``).
         ``on_token`` sees each token as it is read (a server streams them); when it returns False
-        the generation ends there, as at a stop token."""
+        the generation ends there, as at a stop token. ``on_logprobs`` sees each token's
+        log-probabilities (when the request asks for them) just before ``on_token`` sees it."""
         if request.plan is not self.plan:
             raise ValueError("the request was validated for another plan")
         prompt, max_tokens, stop = list(request.prompt), request.max_tokens, request.stop
+        sampling = prepare_sampling(self.plan, request.sampling)
+        # a sampling plan's inputs: the constant settings, the key and window the calls thread
+        feeds = None
+        if sampling is not None:
+            feeds = {**sampling.feeds, "key": sampling.key, "recent": sampling.recent(prompt)}
+        top = request.sampling.top_logprobs
+        reads_logprobs = sampling is not None and (request.sampling.logprobs or top > 0)
         start = time.perf_counter()
         if self.prefill_start is None and not self.recurrent and not self.keeps:
-            token_array = self._prefill(prompt)
+            out = self._prefill_outputs(prompt, feeds)
         else:  # mlx-lm's call boundaries decide what is quantised; a recurrent state takes no pad
-            token_array = prefill_like_mlx_lm(self, prompt, whole_chunks=self.recurrent)
-        token = int(token_array.item())
+            out = {"next_token": prefill_like_mlx_lm(self, prompt, whole_chunks=self.recurrent)}
+        token = int(out["next_token"].item())
         t0 = time.perf_counter()  # each token's latency runs from the one before it
-        gen = Generation([token], t0 - start)
+        gen = Generation([token], t0 - start, seed=sampling.seed if sampling else None)
+        if reads_logprobs:
+            gen.logprobs.append(read_logprobs(out, top))
+            if on_logprobs is not None:
+                on_logprobs(gen.logprobs[-1])
         if on_token is not None and on_token(token) is False:
             return gen
         position = len(prompt)
@@ -237,12 +259,20 @@ class Session:
         # with step t's next_token array; the host reads each token as it becomes available.
         inflight = None
         if len(gen.tokens) < max_tokens and token not in stop:
-            inflight = self._decode(token_array, position)
+            feeds = _threaded(feeds, out)
+            inflight = self._decode_outputs(out["next_token"], position, feeds)
         while inflight is not None:
             position += 1
             more = len(gen.tokens) + 1 < max_tokens
-            following = self._decode(inflight, position) if more else None
-            token = int(inflight.item())
+            feeds = _threaded(feeds, inflight)
+            following = (
+                self._decode_outputs(inflight["next_token"], position, feeds) if more else None
+            )
+            token = int(inflight["next_token"].item())
+            if reads_logprobs:
+                gen.logprobs.append(read_logprobs(inflight, top))
+                if on_logprobs is not None:
+                    on_logprobs(gen.logprobs[-1])
             now = time.perf_counter()
             gen.token_latencies_s.append(now - t0)
             t0 = now
@@ -272,24 +302,37 @@ class Session:
         return Prerecorded(done, time.perf_counter() - start)
 
     def _decode(self, token: mx.array, position: int) -> mx.array:
+        """One decode call's next_token array (still computing)."""
+        return self._decode_outputs(token, position)["next_token"]
+
+    def _prefill(self, prompt: list[int]) -> mx.array:
+        """The prompt's prefill calls; the last one's next_token array (evaluated)."""
+        return self._prefill_outputs(prompt)["next_token"]
+
+    def _decode_outputs(
+        self, token: mx.array, position: int, feeds: dict[str, mx.array] | None = None
+    ) -> dict[str, mx.array]:
+        """One decode call's outputs (still computing); ``feeds``: a sampling plan's inputs."""
         program = self.decode
         if self.decode_start is not None and position < self.quantized_start:
             program = self.decode_start  # before mlx-lm would have quantised its cache
         point = decode_point(program.lengths, position)
-        out = program.run(
-            {"tokens": token, "position": mx.array(position, dtype=mx.int32)},
+        return program.run(
+            {"tokens": token, "position": mx.array(position, dtype=mx.int32), **(feeds or {})},
             self.weights,
             self.state,
             wait=False,
             point=point,
         )
-        return out["next_token"]
 
-    def _prefill(self, prompt: list[int]) -> mx.array:
+    def _prefill_outputs(
+        self, prompt: list[int], feeds: dict[str, mx.array] | None = None
+    ) -> dict[str, mx.array]:
         """The prompt in ``prefill_chunk`` pieces, each built while the previous one computes, each
         at the smallest verified length point that holds it (a piece padded to its token length,
         masked by position; attention over the window that holds the positions so far); returns
-        the last piece's next_token array (evaluated)."""
+        the last piece's outputs, its next_token evaluated. ``feeds``: a sampling plan's inputs,
+        the same for every piece (only the last piece's draw is kept)."""
         out: dict[str, mx.array] = {}
         for c in prefill_chunks(self.prefill.lengths, self.chunk, len(prompt)):
             piece = prompt[c.start : c.start + c.length]
@@ -299,12 +342,20 @@ class Session:
                     "tokens": mx.array([padded], dtype=mx.int32),
                     "position": mx.array(c.start, dtype=mx.int32),
                     "last_index": mx.array(c.length - 1, dtype=mx.int32),
+                    **(feeds or {}),
                 },
                 self.weights,
                 self.state,
                 wait=False,
                 point=c.point,
             )
-        token = out["next_token"]
-        mx.eval(token)
-        return token
+        mx.eval(out["next_token"])
+        return out
+
+
+def _threaded(feeds: dict[str, mx.array] | None, out: dict[str, mx.array]):
+    """A sampling plan's inputs for the next decode call: the key and the repetition window the
+    previous call returned (prefill returns no window: its input already ends with the prompt)."""
+    if feeds is None:
+        return None
+    return {**feeds, "key": out["next_key"], "recent": out.get("next_recent", feeds["recent"])}

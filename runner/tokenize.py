@@ -63,6 +63,15 @@ class Tokenizer:
 
     def render_chat(self, messages: list[dict]) -> str:
         """The chat template applied with the generation prompt, as text."""
+        try:
+            return self.chat_tokenizer().apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as err:  # jinja2 errors, or the template's own raise_exception
+            raise DctmsError(f"{self.folder}: the chat template fails: {err}") from None
+
+    def chat_tokenizer(self):
+        """transformers' tokenizer of the folder (what applies its chat template), loaded once."""
         if self._chat is None:
             import os
 
@@ -74,12 +83,7 @@ class Tokenizer:
                 self._chat = AutoTokenizer.from_pretrained(str(self.folder))
             except Exception as err:  # transformers raises many exception types here
                 raise DctmsError(f"{self.folder}: cannot load the chat template: {err}") from None
-        try:
-            return self._chat.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as err:  # jinja2 errors, or the template's own raise_exception
-            raise DctmsError(f"{self.folder}: the chat template fails: {err}") from None
+        return self._chat
 
 
 def encode_chat(

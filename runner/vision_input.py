@@ -57,34 +57,111 @@ class VisionInputs:
     rope_delta: int = 0  # decode position = cache position + rope_delta (M-RoPE)
 
 
-def read_images(paths: list[str], plan: Plan) -> list:
-    """The images as RGB PIL images; refuses more than the plan's K before opening any."""
+# Images wider than tall (or taller than wide) beyond this are refused before decoding: a strip of
+# pixels, not a picture (Qwen2-VL's processor refuses them itself, with a traceback before).
+MAX_ASPECT = 200
+
+
+def read_images(paths: list[str], plan: Plan, processor=None) -> list:
+    """The images as RGB PIL images; refuses more than the plan's K before opening any, and each
+    image's size from its header alone (before decoding): an aspect ratio above ``MAX_ASPECT``,
+    more pixels than PIL's decompression-bomb bound, or (given the ``processor``) a size the
+    processor would turn into one over the plan's bound."""
     vision = _vision(plan)
     if len(paths) > vision.images:
         raise ImageRefused(
             f"{len(paths)} images, but the plan allows at most {vision.images} per call; "
             f"recompile with --images {len(paths)}"
         )
+    return [_read_image(path, k, vision, processor) for k, path in enumerate(paths)]
+
+
+def _read_image(path: str, k: int, vision, processor):
+    import warnings
+    import zlib
+
     from PIL import Image, UnidentifiedImageError
 
-    images = []
-    for path in paths:
-        p = Path(path)
-        if not p.is_file():
-            raise DctmsError(f"--image {path}: no such file")
-        try:
-            with Image.open(p) as img:
-                if img.format not in ("PNG", "JPEG"):
-                    raise DctmsError(f"--image {path}: {img.format} image; PNG or JPEG only")
-                images.append(img.convert("RGB"))
-        except (UnidentifiedImageError, OSError) as err:
-            raise DctmsError(f"--image {path}: not a readable image ({err})") from None
-    return images
+    p = Path(path)
+    if not p.is_file():
+        raise DctmsError(f"--image {path}: no such file")
+    unreadable = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, zlib.error)
+    try:
+        with warnings.catch_warnings():
+            # PIL warns above its pixel bound and raises above twice it; both refused below
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(p)
+        with img:
+            if img.format not in ("PNG", "JPEG"):
+                raise DctmsError(f"--image {path}: {img.format} image; PNG or JPEG only")
+            width, height = img.size
+            _check_header_size(path, k, height, width, vision, processor)
+            return img.convert("RGB")
+    except Image.DecompressionBombError as err:
+        raise ImageRefused(f"--image {path}: too many pixels to decode ({err})") from None
+    except unreadable as err:
+        raise DctmsError(f"--image {path}: not a readable image ({err})") from None
 
 
-def prepare(plan: Plan, folder: Path, tokenizer, text: str, images: list) -> VisionInputs:
+def _check_header_size(path: str, k: int, height: int, width: int, vision, processor) -> None:
+    from PIL import Image
+
+    if min(height, width) < 1 or max(height, width) > MAX_ASPECT * min(height, width):
+        raise ImageRefused(
+            f"--image {path}: {height}x{width} pixels (height x width), an aspect ratio above "
+            f"{MAX_ASPECT}:1"
+        )
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and height * width > limit:
+        raise ImageRefused(
+            f"--image {path}: {height}x{width} pixels, more than the {limit:,} an image may "
+            "have to be decoded (PIL's decompression-bomb bound)"
+        )
+    size = processed_size(processor, height, width) if processor is not None else None
+    if size is not None and size not in {(v.height, v.width) for v in vision.variants}:
+        raise _over_bound(k, size, vision)
+
+
+def processed_size(processor, height: int, width: int) -> tuple[int, int] | None:
+    """The size ``processor`` resizes a ``height`` x ``width`` image to, from its own settings and
+    resizing rule, without the pixels; None when it is not one of the kinds known here."""
+    import importlib
+
+    size = processor.size if isinstance(processor.size, dict) else vars(processor.size)
+    if size.get("height") and size.get("width"):  # fixed resolution (gemma3's SigLIP)
+        return int(size["height"]), int(size["width"])
+    rule = getattr(importlib.import_module(type(processor).__module__), "smart_resize", None)
+    if rule is None or not size.get("shortest_edge") or not size.get("longest_edge"):
+        return None
+    factor = int(processor.patch_size) * int(processor.merge_size)  # dynamic resolution (qwen2_vl)
+    return tuple(
+        rule(height, width, factor, int(size["shortest_edge"]), int(size["longest_edge"]))
+    )
+
+
+def _over_bound(k: int, size: tuple[int, int], vision) -> ImageRefused:
+    h, w = size
+    bound = f"{vision.image_size[0]}x{vision.image_size[1]}"
+    return ImageRefused(
+        f"image {k + 1} is {h}x{w} after preprocessing, the plan's bound is {bound}; "
+        f"recompile with --image-size {max(h, vision.image_size[0])}x"
+        f"{max(w, vision.image_size[1])}"
+    )
+
+
+def prepare(
+    plan: Plan,
+    folder: Path,
+    tokenizer,
+    text: str,
+    images: list,
+    processor=None,
+    add_special_tokens: bool = True,
+) -> VisionInputs:
     """Token ids and pixel values for ``text`` with ``images``, checked against the plan's bounds
-    (number of images, size after preprocessing; the prompt length is the request's)."""
+    (number of images, size after preprocessing; the prompt length is the request's);
+    ``processor``: the folder's image processor when already loaded (``image_processor``);
+    ``add_special_tokens`` False: the text is a rendered chat template that holds them already."""
     vision = _vision(plan)
     prompting = PROMPTING.get(vision.family)
     if prompting is None:
@@ -93,10 +170,13 @@ def prepare(plan: Plan, folder: Path, tokenizer, text: str, images: list) -> Vis
     pixels, phases, grids, counts = [], [], [], []
     name = ""
     if images:
-        processor = _image_processor(folder)
+        processor = processor or image_processor(folder)
         name = type(processor).__name__
         for k, img in enumerate(images):
-            out = processor(images=[img], return_tensors="np")
+            try:
+                out = processor(images=[img], return_tensors="np")
+            except (ValueError, TypeError, ArithmeticError, OSError) as err:
+                raise ImageRefused(f"image {k + 1}: {name} refuses it: {err}") from None
             px = np.asarray(out["pixel_values"], dtype=np.float32)
             if "image_grid_thw" in out:  # dynamic resolution: the grid of 14x14 patches
                 t, gh, gw = (int(x) for x in np.asarray(out["image_grid_thw"])[0])
@@ -107,13 +187,7 @@ def prepare(plan: Plan, folder: Path, tokenizer, text: str, images: list) -> Vis
                 size = tuple(int(x) for x in px.shape[-2:])
             variant = variants.get(size)
             if variant is None or list(px.shape) != list(variant.pixel_shape):
-                h, w = size
-                bound = f"{vision.image_size[0]}x{vision.image_size[1]}"
-                raise ImageRefused(
-                    f"image {k + 1} is {h}x{w} after preprocessing, the plan's bound is {bound}; "
-                    f"recompile with --image-size {max(h, vision.image_size[0])}x"
-                    f"{max(w, vision.image_size[1])}"
-                )
+                raise _over_bound(k, size, vision)
             pixels.append(px)
             phases.append(variant.phase)
             counts.append(variant.tokens)
@@ -129,7 +203,7 @@ def prepare(plan: Plan, folder: Path, tokenizer, text: str, images: list) -> Vis
     expanded = pieces[0]
     for count, piece in zip(counts, pieces[1:], strict=True):
         expanded += prompting.expansion.format(tokens=prompting.image_token * count) + piece
-    ids = tokenizer.encode(expanded)
+    ids = tokenizer.encode(expanded, add_special_tokens=add_special_tokens)
     rows, image, within = [], 0, 0
     for t in ids:
         if t == vision.image_token_id and image < len(counts):
@@ -156,7 +230,8 @@ def prepare(plan: Plan, folder: Path, tokenizer, text: str, images: list) -> Vis
     )
 
 
-def _image_processor(folder: Path):
+def image_processor(folder: Path):
+    """The folder's image processor, loaded as mlx-vlm loads it (the slow one first)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoImageProcessor
 

@@ -119,7 +119,8 @@ class VisionSession(Session):
         gen.ttft_s += self.vision_s
         return gen
 
-    def _prefill(self, prompt: list[int]) -> mx.array:
+    def _prefill_outputs(self, prompt: list[int], sampled=None) -> dict[str, mx.array]:
+        # ``sampled``: a sampling plan's inputs; a vision plan never samples (compile refuses)
         out: dict[str, mx.array] = {}
         rows = list(self.rows) or [0] * len(prompt)
         rope = self.rope or [list(range(len(prompt)))] * 3
@@ -159,16 +160,15 @@ class VisionSession(Session):
         if inflight is not None or launched < len(pending):
             raise DctmsError("internal error: an image no prefill call reads")
         self.pending = []
-        token = out["next_token"]
-        mx.eval(token)
-        return token
+        mx.eval(out["next_token"])
+        return out
 
-    def _decode(self, token: mx.array, position: int) -> mx.array:
+    def _decode_outputs(self, token: mx.array, position: int, sampled=None) -> dict[str, mx.array]:
         feeds = {"tokens": token, "position": mx.array(position, dtype=mx.int32)}
         if self.plan.vision.mrope:
             at = position + self.rope_delta
             feeds["rope_positions"] = mx.full((3, 1, 1), at, dtype=mx.int32)
-        return self.decode.run(feeds, self.weights, self.state, wait=False)["next_token"]
+        return self.decode.run(feeds, self.weights, self.state, wait=False)
 
 
 def _first_chunks(prompt, rows, plan, images: int) -> list[int]:

@@ -53,6 +53,17 @@ class PlanError(DctmsError):
         super().__init__(first.line(source) + more)
 
 
+class OverBudgetError(DctmsError):
+    """A compiled plan whose M_max does not fit the memory budget it was compiled for (the CLI
+    writes it all the same and exits 1); ``plan`` is that plan, ``str(err)`` the shortfall."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, plan: object):
+        self.plan = plan
+        super().__init__(message)
+
+
 class InternalError(DctmsError):
     """A bug in dctms itself (e.g. the compiler produced a plan its own verifier rejects)."""
 

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from dctms.schema.errors import DctmsError
+from dctms.schema.errors import DctmsError, short_value
 
 # safetensors dtype tags -> MLX dtype names
 _SAFETENSORS_DTYPES = {
@@ -55,6 +55,22 @@ def canonical_config_sha256(config: dict) -> str:
     """sha256 of the config's canonical JSON, so key order and whitespace do not matter."""
     text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def config_differences(given: dict, recorded: dict, most: int = 3) -> str:
+    """What differs between two configs, key by key, given first: ``model_type 'llama' vs 'qwen2',
+    num_hidden_layers 4 vs 2`` (at most ``most`` keys, then ``+N more``); "" when they agree."""
+    absent = object()
+    keys = sorted(
+        k for k in set(given) | set(recorded) if given.get(k, absent) != recorded.get(k, absent)
+    )
+
+    def shown(config: dict, key: str) -> str:
+        return short_value(config[key]) if key in config else "absent"
+
+    parts = [f"{k} {shown(given, k)} vs {shown(recorded, k)}" for k in keys[:most]]
+    more = f" (+{len(keys) - most} more)" if len(keys) > most else ""
+    return ", ".join(parts) + more
 
 
 def read_config(config_path: Path) -> dict:

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.phase_index import PlanIndex
+from dctms.schema.sampling import INPUTS as SAMPLING_INPUTS
+from dctms.schema.sampling import SAMPLED_PHASES, samples
 
 Finding = tuple[str, str]
 
@@ -56,6 +58,8 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
             continue  # not executed by the runner (a vision phase: see rules_vision)
         if plan.vision is not None:
             fed = fed + VISION_INPUTS[phase.name] + (MROPE_INPUTS if plan.vision.mrope else ())
+        if samples(plan) and phase.name in SAMPLED_PHASES:
+            fed = fed + tuple(SAMPLING_INPUTS)
         given = [b.name for b in phase.inputs if b.kind == "input"]
         for k, b in enumerate(phase.inputs):
             where = f"{px.path}.inputs[{k}]"

@@ -461,6 +461,7 @@ class CompileRequest(_Base):
     vision: VisionRequest | None = None  # a vision-language plan's image bounds
     draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
     num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
+    sampling: bool = False  # compile --sampling: mlx-lm's sampler and logits processors traced in
     # The Hugging Face id the model was named by (`dctms compile ORG/NAME`); None: a folder or a
     # config.json (absent from the file, so those plans are as before).
     hub: HubSource | None = None

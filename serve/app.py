@@ -37,6 +37,12 @@ from dctms.serve.protocol import (
     usage,
     usage_chunk,
 )
+from dctms.serve.sampling_fields import (
+    logprobs_body,
+    logprobs_rows,
+    sampling_params,
+    split_sampling,
+)
 from dctms.serve.security import Guard, error_body
 from dctms.serve.worker import Cancelled, Job, QueueFull, ServedModel, Worker
 
@@ -178,7 +184,8 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
                               state.max_body_bytes, state.stopping)
         # Parsing, checking and tokenising take a while on a large body: off the event loop
         # (the tokenizer releases the GIL), so /status and other requests stay responsive.
-        req = await run_in_threadpool(_parse, raw, chat)
+        # The sampling fields are split off here and checked against the served plan below.
+        req, sampling = await run_in_threadpool(_parse, raw, chat)
         served = state.worker.models.get(req.model)
         if served is None:
             names = ", ".join(sorted(state.worker.models))
@@ -189,11 +196,16 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
         else:
             prompt = await run_in_threadpool(_prompt_ids, served, req)
         max_tokens = req.max_tokens if req.max_tokens is not None else served.max_tokens
+        params = sampling_params(sampling, served.plan, chat)
         try:  # the runner's own check, before the request queues; the worker takes this request
-            validated = validate_request(served.plan, prompt, max_tokens, served.stop_ids)
+            validated = validate_request(
+                served.plan, prompt, max_tokens, served.stop_ids, params
+            )
         except RequestRefused as err:
             raise refusal(req.model, err, "messages" if chat else "prompt") from None
         call = _Call(state, served, req, validated, chat)
+        if req.stream and (params.logprobs or params.top_logprobs > 0):
+            call.stream_logprobs()
         call.submit()
     except ApiError as err:
         state.refused += 1
@@ -207,8 +219,10 @@ async def _complete(request: Request, state: ServerState, chat: bool) -> Respons
     return await call.respond(request)
 
 
-def _parse(raw: bytes, chat: bool) -> CompletionRequest:
-    return parse_request(parse_json(raw), chat)
+def _parse(raw: bytes, chat: bool) -> tuple[CompletionRequest, dict]:
+    """The request and its sampling fields (``serve.sampling_fields``: checked per plan)."""
+    body, sampling = split_sampling(parse_json(raw))
+    return parse_request(body, chat), sampling
 
 
 def _prompt_ids(served: ServedModel, req: CompletionRequest) -> list[int]:
@@ -232,6 +246,25 @@ class _Call:
         # after its "done" event.
         self.text = StopText(served.tokenizer.decode, req.stop, served.stop_ids)
         self.job = Job(req.model, request, self._on_token, self._on_done)
+        # A stream that asked for log-probabilities: each token's, paired with it on the worker
+        # thread and sent with the text piece its token released (the rest with the last chunk).
+        self.pending: list[tuple[int, object]] = []
+        self.lp_next = None
+        self.sent_chars = 0
+
+    def stream_logprobs(self) -> None:
+        self.job.on_logprobs = self._on_logprobs
+
+    def _on_logprobs(self, lp) -> None:
+        self.lp_next = lp
+
+    def _take_logprobs(self) -> dict | None:
+        if self.job.on_logprobs is None:
+            return None
+        rows, self.pending = self.pending, []
+        body = logprobs_rows(rows, self.served.stop_ids, self.served.tokenizer.decode, self.chat,
+                             self.sent_chars)
+        return body
 
     def submit(self) -> None:
         try:
@@ -244,16 +277,20 @@ class _Call:
     # Called on the worker thread: hand over to the event loop (which may be gone at shutdown).
     def _on_token(self, token: int) -> bool:
         """Release the text ``token`` settles; False (end the generation) at a stop string."""
+        if self.lp_next is not None:
+            self.pending.append((token, self.lp_next))
+            self.lp_next = None
         piece = self.text.push(token)
         if piece:
-            self._post(("text", piece))
+            self._post(("text", piece, self._take_logprobs()))
+            self.sent_chars += len(piece)
         return not self.text.stopped
 
     def _on_done(self, gen: Generation | None, err: BaseException | None) -> None:
         if err is None:
             rest = self.text.finish()  # a tail held back for a stop string that never came
-            if rest:
-                self._post(("text", rest))
+            if rest or self.pending:
+                self._post(("text", rest, self._take_logprobs()))
         self._post(("done", gen, err))
 
     def _post(self, event: tuple) -> None:
@@ -290,8 +327,11 @@ class _Call:
         use = usage(len(self.prompt), len(gen.tokens))
         ids = gen.tokens if self.req.return_token_ids else None
         make = chat_body if self.chat else completion_body
-        return JSONResponse(make(self.rid, self.created, self.req.model, text,
-                                 self._finish_reason(gen), use, ids))
+        body = make(self.rid, self.created, self.req.model, text, self._finish_reason(gen), use, ids)
+        logprobs = logprobs_body(gen, self.served.stop_ids, self.served.tokenizer.decode, self.chat)
+        if logprobs is not None:
+            body["choices"][0]["logprobs"] = logprobs
+        return JSONResponse(body)
 
     async def sse(self, request: Request) -> AsyncIterator[str]:
         model, rid, created = self.req.model, self.rid, self.created
@@ -303,7 +343,7 @@ class _Call:
             while True:
                 event = await self.events.get()
                 if event[0] == "text":
-                    yield _data(self._chunk(event[1], None))
+                    yield _data(self._chunk(event[1], None, event[2]))
                     continue
                 _, gen, err = event
                 finished = True
@@ -327,10 +367,13 @@ class _Call:
                 self.state.disconnected += 1
             self.job.cancelled.set()
 
-    def _chunk(self, piece: str, finish: str | None) -> dict:
+    def _chunk(self, piece: str, finish: str | None, logprobs: dict | None = None) -> dict:
         if self.chat:
-            return chat_chunk(self.rid, self.created, self.req.model, {"content": piece}, finish)
-        return completion_chunk(self.rid, self.created, self.req.model, piece, finish)
+            chunk = chat_chunk(self.rid, self.created, self.req.model, {"content": piece}, finish)
+        else:
+            chunk = completion_chunk(self.rid, self.created, self.req.model, piece, finish)
+        chunk["choices"][0]["logprobs"] = logprobs
+        return chunk
 
 
 def _data(obj: dict) -> str:

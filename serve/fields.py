@@ -3,7 +3,8 @@ with it: one table, which ``protocol.parse_request`` applies, the tests iterate 
 renders (``fields_markdown``), beside what mlx_lm.server does with the same field.
 
 A field is honoured; accepted and ignored (it only labels the request for OpenAI's own services and
-changes no output); refused under a greedy plan (a sampling field: the plan decodes greedily); or
+changes no output); a sampling field (honoured by a plan compiled with ``--sampling``: the app
+splits these off for ``serve.sampling_fields``; refused here, under a greedy plan); or
 refused (a feature this server does not have). A refused field is still accepted at a value that
 asks for nothing (``n`` = 1, ``echo`` = false, ``temperature`` = 0, ...). A field the table does
 not know is refused, as OpenAI refuses it (mlx_lm.server ignores it): a misspelt ``max_token``
@@ -88,6 +89,7 @@ FIELDS: tuple[Field, ...] = (
     _greedy("top_k", BOTH, (0,), "honoured (sampler; mlx-lm's extension)"),
     _greedy("min_p", BOTH, (0,), "honoured (sampler; mlx-lm's extension)"),
     _greedy("repetition_penalty", BOTH, (0, 1), "honoured (logits processor; extension)"),
+    _greedy("repetition_context_size", BOTH, (), "honoured (extension)"),
     _greedy("logit_bias", BOTH, ({},), "honoured (logits processor)"),
     _greedy("seed", BOTH, (), "honoured (mx.random.seed)"),
     _greedy("logprobs", BOTH, (False,), "honoured"),
@@ -138,7 +140,8 @@ def fields_for(endpoint: Endpoint) -> dict[str, Field]:
 VERDICT_WORDS = {
     "honoured": "honoured",
     "ignored": "accepted, ignored",
-    "greedy": RECOMPILE,
+    "greedy": "honoured by a `--sampling` plan (`serve/sampling_fields.py`); a greedy plan refuses "
+    "it (400 naming `--sampling`)",
     "refused": "refused (400)",
 }
 

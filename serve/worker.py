@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from dctms.runner.request import Request
+from dctms.runner.sampling import TokenLogprobs
 from dctms.runner.session import Generation, Session
 from dctms.runner.tokenize import Tokenizer
 from dctms.schema.errors import DctmsError
@@ -60,6 +61,8 @@ class Job:
     on_token: Callable[[int], bool | None]
     on_done: Callable[[Generation | None, BaseException | None], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Each token's log-probabilities, just before ``on_token`` sees it (a stream that asked).
+    on_logprobs: Callable[[TokenLogprobs], None] | None = None
 
 
 _STOP = object()
@@ -191,7 +194,7 @@ class Worker:
             wanted = job.on_token(token) is not False
             return wanted and not job.cancelled.is_set()
 
-        gen = session.generate(job.request, on_token)
+        gen = session.generate(job.request, on_token, job.on_logprobs)
         if job.cancelled.is_set():
             raise Cancelled(SHUTTING_DOWN if self._stopping else "withdrawn while it ran")
         return gen

@@ -51,14 +51,14 @@ def test_every_compile_option_is_recorded() -> None:
 
 def test_the_request_records_the_options_as_given(tmp_path: Path) -> None:
     config = write_config(tmp_path / "m")
-    plan = dctms.compile_plan(config, 16, 8, sync_every=1, memory="64MiB", alignment=128)
+    plan = dctms.compile_plan(config, 16, 8, sync_every=1, memory="1GiB", alignment=128)
     req = plan.compile
     assert req is not None and req.config == TINY_QWEN2
-    assert (req.sync_every, req.device_memory, req.alignment) == (1, 64 * 2**20, 128)
+    assert (req.sync_every, req.device_memory, req.alignment) == (1, 2**30, 128)
     assert req.prefill_chunk is None and req.dtype is None  # defaults stay defaults
     assert plan.bounds.prefill_chunk == 16 and plan.bounds.dtype == "float32"  # resolved ones
     assert options_of(req) == CompileOptions(
-        16, 8, device_memory=64 * 2**20, alignment=128, sync_every=1
+        16, 8, device_memory=2**30, alignment=128, sync_every=1
     )
 
 
@@ -78,6 +78,9 @@ def test_compile_command_parses_back_to_the_same_options(tmp_path: Path) -> None
     )  # fmt: skip
     assert (args.profile, args.sync_every, args.hash_weights) == ("cpu-x86-2core", 2, True)
     assert args.pack_seconds == 0.5
+    sampled = CompileRequest(config=TINY_QWEN2, input_tokens=16, output_tokens=8, sampling=True)
+    words = shlex.split(compile_command(sampled, "c.json", "p.plan"))
+    assert build_parser().parse_args(words[1:]).sampling
     plain = CompileRequest(config=TINY_QWEN2, input_tokens=16, output_tokens=8)
     assert compile_command(plain, "c.json", "p.plan") == "dctms compile c.json -N 16 -M 8 -o p.plan"
 

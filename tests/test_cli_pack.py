@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dctms.cli import main as cli
@@ -93,6 +94,11 @@ BAD_CSV = {
     "duplicate id": ("id,start,end,size\na,0,1,8\na,1,2,8\n", "line 3: id 'a' appears twice"),
     "short row": ("id,start,end,size\na,0,1\n", "line 2: 3 fields, the header has 4"),
     "empty id": ("id,start,end,size\n,0,1,8\n", "line 2: empty id"),
+    # 1,025 buffers of 2^53 bytes overflowed the packers' int64 arrays (OverflowError, exit 70)
+    "sizes past 2^62 in all": (
+        "id,start,end,size\n" + "".join(f"b{i},0,1,{2**53}\n" for i in range(1025)),
+        "line 513: the sizes and alignments up to this row add up to 4611686018427388416 bytes",
+    ),
 }
 
 
@@ -167,3 +173,24 @@ def test_compile_refuses_an_absurd_pack_budget(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--pack-seconds" in proc.stderr
     assert len(proc.stderr.splitlines()) == 1
     assert not (tmp_path / "x.plan").exists()
+
+
+def test_budget_holds_on_40000_identical_buffers(tmp_path: Path, capsys) -> None:
+    """40,000 buffers live at once made greedy best-fit quadratic (8 * 10^8 candidates) before
+    any budget applied: over 20 s at --seconds 1. The greedy pass now has its share of the
+    budget and the online allocator takes over past it; a generous wall bound, not a timing."""
+    import time
+
+    problem_csv = tmp_path / "same.csv"
+    problem_csv.write_text(
+        "id,start,end,size\n" + "".join(f"b{i},0,10,4096\n" for i in range(40_000))
+    )
+    out = tmp_path / "offsets.csv"
+    t0 = time.perf_counter()
+    assert cli.main(["pack", str(problem_csv), "--seconds", "1", "--json", "-o", str(out)]) == 0
+    assert time.perf_counter() - t0 < 10
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["arena"] == summary["lower_bound"] == 40_000 * 4096
+    offsets = [int(r["offset"]) for r in csv.DictReader(out.open())]
+    p = make_problem([0] * 40_000, [10] * 40_000, [4096] * 40_000, 1)
+    assert is_valid(p, np.asarray(offsets))

@@ -430,3 +430,37 @@ def test_judge_needs_every_rank_ok_and_the_same_tokens() -> None:
 def test_compile_refuses_a_split_that_does_not_sum(model3) -> None:
     with pytest.raises(DctmsError, match="--split"):
         compile_plan(open_model_folder(model3), _opts(ranks=2, parallel="pipeline", split=(1, 1)))
+
+
+@pytest.fixture(scope="module")
+def short_bound(model3, tmp_path_factory) -> Path:
+    """A single-process plan and per-rank pipeline plans of model3 at N 32 (chunk 16)."""
+    root = tmp_path_factory.mktemp("short")
+    argv = ["compile", str(model3), "-N", "32", "-M", "4", "--prefill-chunk", "16", "-q"]
+    assert _dctms(*argv, "-o", str(root / "single.plan")).returncode == 0
+    extra = ["--ranks", "2", "--parallel", "pipeline", "-o", str(root / "pipeline")]
+    assert _dctms(*argv, *extra).returncode == 0
+    return root
+
+
+@pytest.mark.parametrize("length", [3, 16, 25])
+def test_pipeline_ranks_run_prompts_shorter_than_the_bound(model3, short_bound, length) -> None:
+    """Issue 35: per-rank pipeline plans (N 32) with a 3- or 16-token prompt stopped with "Shapes
+    (1,32,1) and (1,16,1) cannot be broadcast": the rank that receives the activations made its
+    Recv at the bound's shape at every length point. Its shape now follows the lengths (an affine
+    place on the Recv output), and the ranks give the single-process ids at several lengths."""
+    prompt = ",".join(str((7 * i + 3) % 250) for i in range(length))
+    ids = {}
+    for name, ranks in (
+        ("single.plan", []),
+        ("pipeline", ["--ranks", "2", "--rank-timeout", "60"]),
+    ):
+        run = ["run", str(short_bound / name), "--model", str(model3), "--tokens", prompt]
+        proc = _dctms(*run, "--max-tokens", "4", *ranks)
+        assert proc.returncode == 0, proc.stderr
+        ids[name] = proc.stdout.strip()
+    assert ids["pipeline"] == ids["single.plan"] and ids["pipeline"]
+    rank0 = read_plan(short_bound / "pipeline" / "rank0.plan")  # runs the last layers: receives
+    recv = [t for p in rank0.phases for op in p.ops if op.primitive == "Recv" for t in op.outputs]
+    placed = {a for p in rank0.phases if p.lengths for f in p.lengths.affine for a in f.at}
+    assert recv and all(any(a.startswith(f"t{t}/") for a in placed) for t in recv[:1])

@@ -65,7 +65,7 @@ def layer_tenants(phase, first: int, last: int) -> list:
 
 
 def test_lifetimes_dot_names_every_tenant_and_buffer(tmp_path, capsys, decode):
-    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "lifetimes")
+    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "lifetimes", "--phase", "decode")
     assert code == 0, err
     source = out.read_text()
     nodes = dot_nodes(source)
@@ -97,7 +97,7 @@ def test_lifetimes_positions_follow_the_intervals(decode):
 
 
 def test_buffers_dot_lists_each_buffer_with_its_tenants(tmp_path, capsys, decode):
-    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "buffers")
+    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "buffers", "--phase", "decode")
     assert code == 0, err
     source = out.read_text()
     assert {f"buffer_{b.id}" for b in decode.buffers} <= dot_nodes(source)
@@ -111,7 +111,7 @@ def test_buffers_dot_lists_each_buffer_with_its_tenants(tmp_path, capsys, decode
 
 
 def test_graph_is_collapsed_to_layers_by_default(tmp_path, capsys, plan, decode):
-    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "graph")
+    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "graph", "--phase", "decode")
     assert code == 0
     assert "one node per layer" in err and "--flat" in err
     source = out.read_text()
@@ -135,7 +135,9 @@ def test_graph_large_range_is_collapsed_with_stand_ins(tmp_path, capsys):
 
 
 def test_graph_layers_range_is_flat_and_clustered(tmp_path, capsys, decode):
-    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "graph", "--layers", "3-4")
+    code, err, out = run_dot(
+        tmp_path, capsys, str(PLAN), "--view", "graph", "--layers", "3-4", "--phase", "decode"
+    )
     assert code == 0 and err == ""
     source = out.read_text()
     layer = op_layers(read_plan(PLAN), decode)
@@ -153,7 +155,9 @@ def test_graph_layers_range_is_flat_and_clustered(tmp_path, capsys, decode):
 
 
 def test_graph_flat_expands_every_op(tmp_path, capsys, decode):
-    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "graph", "--flat")
+    code, err, out = run_dot(
+        tmp_path, capsys, str(PLAN), "--view", "graph", "--flat", "--phase", "decode"
+    )
     assert code == 0 and err == ""
     nodes = dot_nodes(out.read_text())
     assert {f"op{i}" for i in range(len(decode.ops))} <= nodes
@@ -185,7 +189,8 @@ def test_prefill_phase_is_selectable(tmp_path, capsys, plan):
 @needs_dot
 def test_buffers_svg_parses_and_names_the_expected_buffers(tmp_path, capsys, decode):
     code, err, out = run_dot(
-        tmp_path, capsys, str(PLAN), "--view", "buffers", "--layers", "3-3", name="b.svg"
+        tmp_path, capsys, str(PLAN), "--view", "buffers", "--layers", "3-3", "--phase", "decode",
+        name="b.svg",
     )
     assert code == 0, err
     root = ET.parse(out).getroot()
@@ -202,7 +207,8 @@ def test_buffers_svg_parses_and_names_the_expected_buffers(tmp_path, capsys, dec
 @needs_dot
 def test_lifetimes_svg_names_tenants(tmp_path, capsys, decode):
     code, err, out = run_dot(
-        tmp_path, capsys, str(PLAN), "--layers", "2-2", "--view", "lifetimes", name="l.svg"
+        tmp_path, capsys, str(PLAN), "--layers", "2-2", "--view", "lifetimes", "--phase", "decode",
+        name="l.svg",
     )
     assert code == 0, err
     root = ET.parse(out).getroot()
@@ -271,3 +277,42 @@ def test_parse_layers():
     assert parse_layers(" 2 - 7 ") == (2, 7)
     with pytest.raises(DctmsError):
         parse_layers("a-b")
+
+
+# ---------------------------------------------------------------------- defaults (issue 32)
+
+
+def test_the_default_phase_is_the_one_with_the_peak(tmp_path, capsys, plan):
+    peak = max(plan.phases, key=lambda p: p.arena_bytes + p.slack_bytes)
+    assert peak.arena_bytes + peak.slack_bytes == plan.envelope.intermediate
+    assert views.select_phase(plan, None) is peak and peak.name == "prefill"
+    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "buffers")
+    assert code == 0, err
+    assert f": {peak.name} phase:" in out.read_text()
+
+
+def test_lifetime_bars_are_labelled_by_module_path(plan):
+    phase = views.select_phase(plan, "prefill")
+    module_of = views.tensor_modules(plan, phase)
+    source = views.lifetimes_graph(plan, phase, (26, 26)).source
+    labelled = 0
+    for t in layer_tenants(phase, 26, 26):
+        line = next(x for x in source.splitlines() if re.match(rf'\s*"?{re.escape(t.id)}"? \[', x))
+        label = re.search(r'[\[ ]label="([^"]*)"', line).group(1)
+        module = module_of[t.id]
+        assert module and label in ("", module.removeprefix("model."))
+        labelled += label != ""
+    assert labelled  # the wide bars carry their module path, e.g. layers.26.self_attn
+
+
+def test_collapsed_graph_does_not_tie_layer_0_to_every_layer(tmp_path, capsys, plan):
+    code, err, out = run_dot(tmp_path, capsys, str(PLAN), "--view", "graph", "--phase", "prefill")
+    assert code == 0, err
+    source = out.read_text()
+    # the rotary angles and the mask are computed once in layer 0 and read by every layer: noted
+    # on layer 0, not drawn as 27 edges; consecutive layers stay joined by the residual stream
+    assert not re.search(r"g_layer_0 -> g_layer_(?:[2-9]|\d\d) ", source)
+    for i in range(plan.model.num_layers - 1):
+        assert re.search(rf"g_layer_{i} -> g_layer_{i + 1} ", source)
+    assert re.search(r'g_layer_0 \[label="layer 0\\n\d+ ops, \d+ memory-bound\\n\+ \d+ tensors '
+                     r"shared with \d+ other groups \(not drawn\)", source)  # fmt: skip

@@ -250,7 +250,7 @@ def test_search_chunk_text(tiny, capsys):
     argv = ["fit", str(tiny), "--memory", str(budget), "-M", str(M), "--search", "chunk", "-q"]
     assert cli.main([*argv, "--chunks", "32,128", "--prompt-tokens", "100"]) == 0
     out = capsys.readouterr().out
-    assert "prefill chunk -> largest N; predicted on cpu-x86-2core" in out
+    assert "prefill chunk -> largest N; predicted on cpu-x86-2core-openblas" in out
     assert "TTFT @ 100" in out and "<- most tokens" in out
     assert "the fit at chunk " in out and "total = M_max" in out
 

@@ -54,7 +54,7 @@ def _config(tmp_path: Path, **changes) -> Path:
 @pytest.mark.parametrize("command", ["compile", "fit"])
 def test_absurd_config_values(tmp_path, command, changes, needle):
     config = _config(tmp_path, **changes)
-    argv = (["compile", str(config), "-N", "8", "-M", "4"] if command == "compile"
+    argv = (["compile", str(config), "-N", "8", "-M", "4", "-o", "-"] if command == "compile"
             else ["fit", str(config), "--memory", "1GiB", "-M", "4"])  # fmt: skip
     result = cli(*argv)
     line = assert_one_line_refusal(result, command, needle)
@@ -70,7 +70,7 @@ def test_absurd_config_values(tmp_path, command, changes, needle):
 def test_numbers_of_hundreds_of_digits_in_a_config(tmp_path, text, needle):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY_CONFIG)[:-1] + ", " + text + "}")
-    for argv in (["compile", str(path), "-N", "8", "-M", "4"],
+    for argv in (["compile", str(path), "-N", "8", "-M", "4", "-o", "-"],
                  ["fit", str(path), "--memory", "1GiB", "-M", "4"]):  # fmt: skip
         assert_one_line_refusal(cli(*argv), argv[0], needle)
 
@@ -78,10 +78,12 @@ def test_numbers_of_hundreds_of_digits_in_a_config(tmp_path, text, needle):
 def test_deeply_nested_config(tmp_path):
     path = tmp_path / "config.json"
     path.write_text('{"model_type": "qwen2", "x": ' + "[" * 100000 + "]" * 100000 + "}")
-    assert_one_line_refusal(cli("compile", str(path), "-N", "8", "-M", "4"), "compile", "nested")
+    assert_one_line_refusal(cli("compile", str(path), "-N", "8", "-M", "4", "-o", "-"), "compile",
+                            "nested")
     path.write_text(json.dumps({**TINY_CONFIG, "x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]
                                                                  ]]]]]]]]]]]]]]]]]]]]]]]]}))  # fmt: skip
-    assert_one_line_refusal(cli("compile", str(path), "-N", "8", "-M", "4"), "compile", "nests")
+    assert_one_line_refusal(cli("compile", str(path), "-N", "8", "-M", "4", "-o", "-"), "compile",
+                            "nests")
 
 
 @pytest.mark.parametrize(
@@ -98,7 +100,7 @@ def test_deeply_nested_config(tmp_path):
 )
 def test_absurd_compile_options(tmp_path, option, value, needle):
     config = _config(tmp_path)
-    argv = ["compile", str(config), "-N", "8", "-M", "4", option, value]
+    argv = ["compile", str(config), "-N", "8", "-M", "4", "-o", "-", option, value]
     assert_one_line_refusal(cli(*argv), "compile", needle)
 
 
@@ -162,6 +164,6 @@ def test_a_number_of_5000_digits_in_a_safetensors_header(tiny, tmp_path):
     header = raw[8 : 8 + n].replace(b'"data_offsets":[', b'"data_offsets":[' + b"9" * 5000 + b",", 1)
     assert len(header) > n
     weights.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + n :])
-    for argv in (["compile", str(model), "-N", "8", "-M", "4"],
+    for argv in (["compile", str(model), "-N", "8", "-M", "4", "-o", "-"],
                  ["run", str(plan), "--model", str(model), "--tokens", "1"]):  # fmt: skip
         assert_one_line_refusal(cli(*argv), argv[0], "not a safetensors file")

@@ -155,3 +155,56 @@ def test_offsets_are_aligned_per_buffer() -> None:
     assert _overlap_free(p, r.offsets)
     assert all(o % a == 0 for o, a in zip(r.offsets, [1, 8, 4], strict=True))
     assert np.all(np.asarray(r.offsets) >= 0)
+
+
+def test_online_best_fit_packs_validly() -> None:
+    """The fallback allocator against the pairwise check: ties in time, zero sizes, alignments
+    that make a large enough hole useless, holes that merge and a top that sinks."""
+    from dctms.toolkit.pack_online import online_best_fit
+
+    rng = random.Random(23)
+    for _ in range(60):
+        n = rng.randint(1, 80)
+        starts = [rng.randrange(30) for _ in range(n)]
+        ends = [s + rng.randint(1, 12) for s in starts]
+        sizes = [rng.choice([0, 1, 3, 64, 100, 4096]) for _ in range(n)]
+        aligns = [rng.choice([1, 2, 64, 4096]) for _ in range(n)]
+        p = make_problem(starts, ends, sizes, aligns)
+        offsets, arena = online_best_fit(p)
+        assert _overlap_free(p, offsets.tolist())
+        assert arena == max(int(o + s) for o, s in zip(offsets, p.size, strict=True))
+        assert arena >= live_max(p)
+
+
+def test_online_best_fit_reuses_freed_bytes() -> None:
+    # a and b freed at 2; c (start 2) takes the merged hole they leave, not the top.
+    p = make_problem([0, 0, 0, 2], [2, 2, 5, 4], [40, 24, 8, 64], 1)
+    offsets, arena = online_best_fit_of(p)
+    assert offsets[3] == 0 and arena == 72
+
+
+def online_best_fit_of(p: Problem):
+    from dctms.toolkit.pack_online import online_best_fit
+
+    return online_best_fit(p)
+
+
+def test_greedy_past_its_work_limit_falls_back_to_the_online_allocator(monkeypatch) -> None:
+    """The greedy pass examines every placed buffer a placement may overlap: with thousands live
+    at once it is quadratic, so past its share of the budget the online allocator packs instead
+    (40,000 identical buffers took over 20 s before, whatever --seconds said)."""
+    from dctms.toolkit import pack_solve
+
+    rng = random.Random(3)
+    n = 600
+    starts = [rng.randrange(100) for _ in range(n)]
+    sizes = [rng.choice([64, 128, 4096]) for _ in range(n)]
+    p = make_problem(starts, [s + 500 for s in starts], sizes, 64)
+    within = solve(p, 0.0)
+    monkeypatch.setattr(pack_solve, "_GREEDY_FLOOR", 1000)  # a few hundred candidates
+    cut = solve(p, 0.0)
+    assert _overlap_free(p, cut.offsets)
+    online_offsets, online_arena = online_best_fit_of(p)
+    assert cut.greedy_arena == online_arena
+    assert cut.offsets == online_offsets.tolist() != within.offsets
+    assert cut.arena == cut.lower_bound  # all 600 live from 99 to 500: a stack

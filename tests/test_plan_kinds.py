@@ -61,7 +61,7 @@ def test_fit_with_a_draft_plans_both_models(pair, tmp_path, capsys):
 
 def test_a_kind_option_without_its_companion_is_one_line(pair, capsys):
     target, _ = pair
-    assert cli(["compile", str(target), "-N", "8", "-M", "4", "--num-draft", "2", "-q"]) == 2
+    assert cli(["compile", str(target), "-N", "8", "-M", "4", "--num-draft", "2", "-q", "-o", "-"]) == 2
     err = capsys.readouterr().err
     assert "--num-draft needs --draft" in err and err.count("\n") == 1
     assert cli(["fit", str(target), "--memory", "1GiB", "-M", "4", "--images", "1", "-q"]) == 2

@@ -202,6 +202,9 @@ def test_no_one_to_one_forms_refused() -> None:
     x = mx.ones((2, 3))
     with pytest.raises(DctmsError, match="Equal"):
         apply_op("Equal", [True], [x, x], [(2, 3)], [mx.bool_])
+    key = mx.random.key(0)  # a RandomBits other than mx.random.split's (n, 2) keys
+    with pytest.raises(DctmsError, match="RandomBits"):
+        apply_op("RandomBits", [[1], 4], [key], [(1,)], [mx.uint32])
     idx = mx.array([0, 1])
     with pytest.raises(DctmsError, match="Gather"):
         apply_op("Gather", [[1], [2, 1]], [x, idx], [(2, 2, 1)], [mx.float32])
@@ -338,6 +341,18 @@ CASES: dict[str, tuple[str, Callable, tuple]] = {
     "where_scalar": ("Select", lambda b, x: mx.where(b, x, float("-inf")), (B, X)),
     "matmul_batched": ("Matmul", lambda a, b: a @ b.swapaxes(-1, -2), (X, Y)),
     "matmul_broadcast": ("Matmul", lambda a, b: a @ b, (X, mx.random.normal((4, 5)))),
+    # a sampling plan's key split and categorical draw (toolkit/sampling.py)
+    "random_split": ("RandomBits", lambda k: mx.random.split(k, 3), (mx.random.key(7),)),
+    "searchsorted_right": (
+        "SearchSorted",
+        lambda a, v: mx.searchsorted(a, v, side="right"),
+        (mx.cumsum(mx.abs(X).reshape(-1)), mx.array([0.5, 3.0, 100.0])),
+    ),
+    "searchsorted_left": (
+        "SearchSorted",
+        lambda a, v: mx.searchsorted(a, v),
+        (mx.array([0.0, 1.0, 1.0, 2.0]), mx.array([1.0])),
+    ),
     "addmm": (
         "AddMM",
         lambda c, a, b: mx.addmm(c, a, b, alpha=2.0, beta=-0.5),

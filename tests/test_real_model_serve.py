@@ -101,3 +101,55 @@ def test_sampling_fields_are_refused_naming_the_recompile(served):
         client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}],
                                        temperature=0.7, max_tokens=2)  # fmt: skip
     assert "'temperature'" in str(err.value) and "--sampling" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def served_sampling(smollm2, tmp_path_factory):  # noqa: F811
+    """A --sampling plan of the real model, served (named by its folder: the id path is above)."""
+    plan = tmp_path_factory.mktemp("smollm2-sampling") / "sampling.plan"
+    compiled = subprocess.run(
+        [sys.executable, "-m", "dctms.cli.main", "compile", str(smollm2), "-N", "64", "-M", "16",
+         "--prefill-chunk", "32", "--sampling", "-o", str(plan), "-q"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert compiled.returncode == 0, compiled.stderr
+    proc = ServerProcess(["--plan", f"smol={plan}={smollm2}", "--memory", "4GiB"], timeout_s=600)
+    client = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    yield client, smollm2, proc
+    proc.close()
+
+
+def test_the_openai_clients_usual_fields_on_the_real_model(served_sampling):
+    """Issue 30's bar: temperature 0.7, top_p 0.9, stop, seed and logprobs from the `openai`
+    client, answered without an error; the seeded ids equal mlx-lm's generate_step's with the same
+    sampler after mx.random.seed, on the same chat prompt; MLX's peak within the envelope."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    from dctms.runner.tokenize import Tokenizer, encode_chat
+
+    client, folder, proc = served_sampling
+    messages = [{"role": "user", "content": "Name three colours."}]
+    r = client.chat.completions.create(
+        model="smol", messages=messages, max_tokens=16, temperature=0.7, top_p=0.9, seed=1234,
+        stop=["\n\n\n"], logprobs=True, top_logprobs=3, extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    choice = r.choices[0]
+    ids = choice.model_extra["token_ids"]  # return_token_ids: the generated ids
+    assert choice.finish_reason in ("stop", "length") and choice.message.content
+    assert len(choice.logprobs.content) == r.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in choice.logprobs.content)
+    prompt = encode_chat(Tokenizer(folder), messages[0]["content"], None)
+    model, _ = load(str(folder))
+    mx.random.seed(1234)
+    steps = generate_step(mx.array(prompt), model, max_tokens=16,
+                          sampler=make_sampler(0.7, 0.9), prefill_step_size=32)  # fmt: skip
+    want = [int(t) for t, _ in steps]
+    assert ids and ids == want[: len(ids)], (ids, want)  # a stop string may end it early
+    other = client.chat.completions.create(
+        model="smol", messages=messages, max_tokens=16, temperature=0.7, top_p=0.9, seed=99,
+    )  # fmt: skip
+    assert other.choices[0].message.content != choice.message.content
+    assert proc.status()["within_envelope"] is True

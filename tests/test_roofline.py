@@ -147,7 +147,9 @@ def test_prefill_calls_with_several_prefill_phases(plan):
 def test_roofline_text(plan_file, capsys):
     assert cli.main(["roofline", str(plan_file), "--prompt-tokens", "100"]) == 0
     out = capsys.readouterr().out
-    assert "profile cpu-x86-2core" in out
+    # predicted on the BLAS dctms runs with, named at the top and beside the predicted times
+    assert "profile cpu-x86-2core-openblas: ridge" in out
+    assert "no dispatch overhead), on profile cpu-x86-2core-openblas" in out
     assert "phase prefill: 32 tokens per call" in out and "phase decode: 1 token per call" in out
     assert "TTFT for a 100-token prompt" in out and "(4 x prefill)" in out
     assert "tok/s per sequence" in out

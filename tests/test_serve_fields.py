@@ -19,6 +19,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # A value that asks for the feature, for every field the table refuses (greedy or not).
 ASKING = {
     "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1,
+    "repetition_context_size": 32,
     "logit_bias": {"5": 10}, "seed": 7, "logprobs": True, "top_logprobs": 2,
     "n": 2, "best_of": 3, "echo": True, "suffix": "tail", "presence_penalty": 0.5,
     "frequency_penalty": 0.5,

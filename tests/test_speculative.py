@@ -156,7 +156,8 @@ def test_a_pair_with_different_vocabularies_is_refused_in_one_line(models, tmp_p
 
 
 def test_num_draft_without_a_draft_is_refused(models, tmp_path):
-    proc = _dctms("compile", str(models["target"]), "-N", "8", "-M", "8", "--num-draft", "2")
+    proc = _dctms("compile", str(models["target"]), "-N", "8", "-M", "8", "--num-draft", "2",
+                  "-o", "-")
     assert proc.returncode == 2 and "--num-draft needs --draft" in proc.stderr
 
 

@@ -134,8 +134,11 @@ def test_number_keys_tab_and_palette_switch_screens():
         assert app.current_mode == "overview"  # wraps around
         await keys(pilot, "shift+tab")
         assert app.current_mode == "ops"
-        await keys(pilot, "7")  # no Diff screen with one plan
+        await keys(pilot, "7")  # no Diff screen with one plan: it says why
         assert app.current_mode == "ops"
+        (note,) = app._notifications
+        assert "compares two plans: start it as dctms-tui OLD NEW" in note.message
+        assert " 7 Diff " in screen_text(app).splitlines()[0]  # dimmed in the navigation bar
         await keys(pilot, "ctrl+p")
         await pilot.press(*"lifetim")
         await pilot.pause(0.3)
@@ -144,6 +147,7 @@ def test_number_keys_tab_and_palette_switch_screens():
         await keys(pilot, "question_mark")
         assert isinstance(app.screen, HelpScreen)
         assert "+ / -" in screen_text(app)
+        assert "group the tensors under a heading per module" in screen_text(app)
         await keys(pilot, "escape")
         assert not isinstance(app.screen, HelpScreen)
         await keys(pilot, "q")
@@ -195,6 +199,25 @@ def test_memory_peak_is_the_lower_bound_and_live_table_follows_the_slot():
         assert table.keys == ["scratch.3", "t0"]
         await keys(pilot, "s")
         assert table.sorted_by == ("aligned", True)
+        await keys(pilot, "s")  # again: smallest first
+        assert table.sorted_by == ("aligned", False)
+        await keys(pilot, "s")
+        assert table.sorted_by == ("aligned", True)
+
+    drive(app, scenario)
+
+
+def test_the_first_s_sorts_largest_first():
+    plan = make_tiny_plan()
+    app = make_app(plan, screen="memory")
+
+    async def scenario(pilot):
+        table = app.screen.query_one("#live", VirtualTable)
+        largest = list(table.keys)  # the list opens largest first
+        await keys(pilot, "s")  # and the first s says so, rather than turning it round
+        assert table.sorted_by == ("aligned", True) and table.keys == largest
+        await keys(pilot, "s")
+        assert table.sorted_by == ("aligned", False)
 
     drive(app, scenario)
 
@@ -259,10 +282,32 @@ def test_lifetimes_search_and_group_by_module():
         before = [r.key for r in gantt.rows]
         await keys(pilot, "g")  # grouped by module (here the slot order already is)
         assert app.screen.by_module
-        after = [r.key for r in gantt.rows]
+        after = [r.key for r in gantt.rows if r.bars]
         assert sorted(after) == sorted(before) and after[-1] == "out"
+        # visibly: a heading row per module, on screen, above its tensors
+        shown = screen_text(app)
+        for module in ("model.embed_tokens", "model.layers.0.self_attn", "(step)"):
+            assert f"▸ {module}" in shown
+        assert gantt.selected.key == "t0"  # the cursor stays on its tensor
+        await keys(pilot, "k")
+        assert gantt.selected.key == "module model.embed_tokens"
+        assert "module model.embed_tokens: 2 tensor(s)" in text(app.screen.query_one("#details"))
         await keys(pilot, "g")
-        assert not app.screen.by_module
+        assert not app.screen.by_module and [r.key for r in gantt.rows] == before
+        # the module column is not cut: the whole short path shows beside each tensor
+        assert "embed_tokens" in next(
+            line for line in screen_text(app).splitlines() if line.startswith(" t0 ")
+        )
+        # escape in the search box, or over the chart, drops the filter
+        await search(pilot, "prim:maximum")
+        assert [r.key for r in gantt.rows] == ["t3"]
+        await keys(pilot, "escape")
+        assert [r.key for r in gantt.rows] == before and app.focused is gantt
+        await keys(pilot, "slash")
+        app.focused.value = "layer:0"
+        await keys(pilot, "escape")
+        assert [r.key for r in gantt.rows] == before and app.focused is gantt
+        assert app.screen.query_one("#search").value == ""
 
     drive(app, scenario)
 

@@ -17,6 +17,7 @@ from dctms.schema.modules import op_modules
 from dctms.schema.sizes import lower_bound_bytes
 from dctms.schema.types import Plan
 from dctms.tui.data import (
+    MODULE_ROW,
     PhaseLookup,
     Query,
     arena_bands,
@@ -261,10 +262,18 @@ def test_module_of_ops_and_tensors_and_search_by_module():
 def test_tensor_rows_grouped_by_module():
     index = tiny_index()
     plain = [r.key for r in tensor_rows(index)]
-    grouped = [r.key for r in tensor_rows(index, by_module=True)]
+    rows = tensor_rows(index, by_module=True)
+    headings = [r for r in rows if r.key.startswith(MODULE_ROW)]
+    grouped = [r.key for r in rows if r not in headings]
     assert sorted(plain) == sorted(grouped)
     modules = [index.module_of(k) for k in grouped]
     # each module's tensors together, modules in order of first use, slot order inside
     runs = [m for i, m in enumerate(modules) if i == 0 or m != modules[i - 1]]
     assert len(runs) == len(set(runs))
     assert runs == ["model.embed_tokens", "model.layers.0.self_attn", "(step)"]
+    # ... each group under a heading row (no bars) naming its module: the grouping shows
+    assert [r.label for r in headings] == [f"▸ {m}" for m in runs]
+    assert all(not r.bars for r in headings) and rows[0] is headings[0]
+    for h in headings:  # ... just before the group's first tensor
+        after = rows[rows.index(h) + 1]
+        assert index.module_of(after.key) == h.key[len(MODULE_ROW) :]

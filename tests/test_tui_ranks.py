@@ -103,7 +103,8 @@ def test_r_and_shift_r_move_every_screen_to_another_rank(folders) -> None:
         await _press(pilot, "1", "r")  # ... and dropped when r moves to rank 1
         shown = screen_text(app)
         assert app.inspection.plan is app.inspection.ranks[1]
-        assert "rank 1 of 2, pipeline parallel: layers 0 of 3" in shown  # the bounds row
+        bounds = text(app.screen.query_one("#bounds"))  # below the findings: maybe scrolled away
+        assert "rank 1 of 2, pipeline parallel: layers 0 of 3" in bounds  # the bounds row
         assert f"{r1.envelope.total:,} B" in shown  # the envelope bar's M_max
         assert "rank1.plan (rank 1 of 2)" in app.title and "rank1.plan" in shown
         assert _rank_lines(app)[1][0] == "1" and "▶" in text(app.screen.query_one("#ranks"))

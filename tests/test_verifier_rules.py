@@ -13,6 +13,7 @@ from dctms.schema.types import (
     Binding,
     Buffer,
     CompileRequest,
+    Constant,
     Distributed,
     EnvelopePart,
     FusedWeight,
@@ -141,6 +142,16 @@ def _with_lengths(plan: Plan, **changes) -> Plan:
     (op 1's ``[1, 8]`` reshape holds 8 = 0 * window + 8 only in the broken cases' functions)."""
     record = Lengths(names=["window"], bound=[15], points=[[15], [8]], affine=[])
     return phase(plan, lengths=replace(record, **changes))
+
+
+def _constant_index(plan: Plan, op_index: int, slot: int, value: int, dtype: str) -> Plan:
+    """Op ``op_index`` reading its input ``slot`` (an index) from a new constant of ``value``
+    (shaped like a token id, or a 1-d start), as an edited plan would."""
+    shape = [1] if P0(plan).ops[op_index].primitive.startswith("Dynamic") else [1, 1]
+    plan = phase(plan, constants=[*P0(plan).constants, Constant("c_index", shape, dtype, [value])])
+    inputs = list(P0(plan).ops[op_index].inputs)
+    inputs[slot] = "c_index"
+    return op(plan, op_index, inputs=inputs)
 
 
 CASES: list[tuple[str, str, Break]] = [
@@ -578,6 +589,26 @@ CASES: list[tuple[str, str, Break]] = [
     ("stats", "arena wrong", lambda p: nested(p, "stats", arena_bytes=64)),
     ("stats", "lower bound wrong", lambda p: nested(p, "stats", lower_bound_bytes=64)),
     ("lengths", "a point above the bound", lambda p: _with_lengths(p, points=[[15], [20]])),
+    (
+        "index_safety",
+        "a constant KV write start of 2^31 - 1",
+        lambda p: _constant_index(p, 3, 2, 2**31 - 1, "int32"),
+    ),
+    (
+        "index_safety",
+        "a constant KV write start of -2^31",
+        lambda p: _constant_index(p, 3, 2, -(2**31), "int32"),
+    ),
+    (
+        "index_safety",
+        "a constant token gather index of 2^32 - 1",
+        lambda p: _constant_index(p, 0, 1, 2**32 - 1, "uint32"),
+    ),
+    (
+        "index_safety",
+        "a lengths slope of -1 (the reshape holds 8 at the bound, 15 at the point 8)",
+        lambda p: _with_lengths(p, affine=[LengthAffine([-1], 23, ["o1/0.1"])]),
+    ),
     ("lengths", "the bound not among the points", lambda p: _with_lengths(p, points=[[8]])),
     (
         "lengths",
@@ -659,6 +690,11 @@ CASES: list[tuple[str, str, Break]] = [
         lambda p: replace(
             _with_prefill(p), phases=[*_with_prefill(p).phases, replace(P0(p), name="decode_start")]
         ),
+    ),
+    (
+        "sampling",
+        "a --sampling plan whose phases lack the sampling inputs",
+        lambda p: with_request(_with_prefill(p), sampling=True),
     ),
     ("vocabulary", "vocab_size 0", lambda p: nested(p, "model", vocab_size=0)),
     ("vocabulary", "vocab_size beyond the embedding", lambda p: nested(p, "model", vocab_size=17)),

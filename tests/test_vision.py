@@ -348,7 +348,7 @@ def test_bad_vision_compile_options_are_one_line(tmp_path, capsys, family, extra
     config = tmp_path / "config.json"  # a config alone compiles (weights are optional)
     config.write_text(json.dumps(CONFIGS[family]()))
     n = FAMILIES[family][0]
-    rc = main(["compile", str(config), "-N", str(n), "-M", str(M), "-q", *extra])
+    rc = main(["compile", str(config), "-N", str(n), "-M", str(M), "-q", "-o", "-", *extra])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and needle in err
 
@@ -623,3 +623,127 @@ def test_the_inspector_labels_each_phase_with_its_stream(vlm) -> None:
     labels = phase_labels(plan)
     assert labels[-2:] == ["prefill (text)", "decode (text)"]
     assert all(label.endswith("(vision)") for label in labels[:-2])
+
+
+# ------------------------------------------------------------------------------------ image sizes
+
+
+def _never_decoded(monkeypatch) -> None:
+    """Fail the test if PIL decodes any pixels (the refusal must come from the header alone)."""
+    from PIL import ImageFile
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the image was decoded before it was refused")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", refuse)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "needle"),
+    [
+        (300, 1, "1x300 pixels (height x width), an aspect ratio above 200:1"),
+        (1, 250, "250x1 pixels (height x width), an aspect ratio above 200:1"),
+        # PIL raises DecompressionBombError above twice its bound (exit 70 before)
+        (30_000, 30_000, "too many pixels to decode"),
+        (2**31 - 1, 2**31 - 1, "too many pixels to decode"),
+        # between PIL's bound and twice it PIL only warns: decoded (1,288 MiB RSS, 7.2 s) before
+        (10_000, 9_000, "9000x10000 pixels, more than the 89,478,485"),
+    ],
+    ids=["300x1", "1x250", "30000x30000", "2^31-1 square", "10000x9000"],
+)
+def test_image_sizes_are_refused_from_the_header(vlm, tmp_path, capsys, monkeypatch, width,
+                                                 height, needle) -> None:
+    from image_files import png
+
+    _no_session(monkeypatch)
+    _never_decoded(monkeypatch)
+    _, plan, folder = vlm
+    path = tmp_path / "x.png"
+    path.write_bytes(png(width, height))
+    rc, err = _run(capsys, str(plan), "--model", str(folder), "--prompt", "x", "--image", str(path))
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"dctms run: --image {path}: ") and needle in err, err
+
+
+def test_a_size_over_the_bound_after_preprocessing_is_refused_before_decoding(
+    vlm, tmp_path, capsys, monkeypatch
+) -> None:
+    """qwen2_vl's processor would keep a 2,000 x 1,500 image at 1,148 x 840 (over the plan's
+    56x84): known from the header and the processor's own rule, so never decoded. (gemma3's
+    resizes every image to its fixed size: no image is over its bound.)"""
+    from image_files import png
+
+    family, plan, folder = vlm
+    if family != "qwen2_vl":
+        pytest.skip("a fixed-resolution processor makes every image its bound's size")
+    _no_session(monkeypatch)
+    _never_decoded(monkeypatch)
+    path = tmp_path / "big.png"
+    path.write_bytes(png(1_500, 2_000))
+    rc, err = _run(capsys, str(plan), "--model", str(folder), "--prompt", "x", "--image", str(path))
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "image 1 is 1148x840 after preprocessing, the plan's bound is 56x84" in err
+
+
+@pytest.mark.parametrize("size", [(40, 50), (300, 300), (1, 150), (1000, 7), (20, 30)])
+def test_processed_size_is_what_the_processor_makes(vlm, size) -> None:
+    """The size predicted from the header equals the processor's output on real pixels."""
+    from PIL import Image
+
+    from dctms.runner.vision_input import image_processor, processed_size
+
+    _, _, folder = vlm
+    processor = image_processor(folder)
+    out = processor(images=[Image.new("RGB", size[::-1])], return_tensors="np")
+    if "image_grid_thw" in out:
+        _, gh, gw = (int(x) for x in np.asarray(out["image_grid_thw"])[0])
+        made = (gh * processor.patch_size, gw * processor.patch_size)
+    else:
+        made = tuple(np.asarray(out["pixel_values"]).shape[-2:])
+    assert processed_size(processor, *size) == made
+
+
+def test_the_processors_own_errors_are_one_line(vlm, images, capsys, monkeypatch) -> None:
+    """What the processor raises (Qwen2-VL's aspect-ratio ValueError was exit 70) is a refusal."""
+    from dctms.runner import vision_input
+
+    _no_session(monkeypatch)
+    _, plan, folder = vlm
+    real = vision_input.image_processor
+
+    def failing(path):
+        processor = real(path)
+
+        class Failing(type(processor)):
+            def __call__(self, *a, **k):
+                raise ValueError("absolute aspect ratio must be smaller than 200, got 300.0")
+
+        processor.__class__ = Failing
+        return processor
+
+    monkeypatch.setattr(vision_input, "image_processor", failing)
+    rc, err = _run(capsys, str(plan), "--model", str(folder), "--prompt", "x",
+                   "--image", str(images[0]))
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "image 1: Failing refuses it: absolute aspect ratio must be smaller than 200" in err
+
+
+def test_truncated_and_corrupt_images_are_one_line(vlm, tmp_path, capsys) -> None:
+    from image_files import black_png, chunk
+
+    _, plan, folder = vlm
+    whole = black_png(20, 10)
+    broken = {
+        "cut.png": whole[: len(whole) // 2],
+        "header only.png": whole[:33],
+        "bad crc.png": whole[:29] + b"\xff\xff\xff\xff" + whole[33:],
+        "no idat.png": whole[:33] + chunk(b"IEND", b""),
+        "junk idat.png": whole[:33] + chunk(b"IDAT", b"not zlib") + chunk(b"IEND", b""),
+    }
+    for name, data in broken.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        rc, err = _run(capsys, str(plan), "--model", str(folder), "--prompt", "x", "--image",
+                       str(path))
+        assert rc == 2 and len(err.splitlines()) == 1, (name, err)
+        assert f"--image {path}: " in err, (name, err)

@@ -42,7 +42,7 @@ class CheckResult:
     path: str
     verdict: Verdict
     reason: str  # "" when ok; else the first difference, on one line
-    remedy: str  # the command line that re-makes the plan
+    remedy: str  # the command line that re-makes the plan; "" when ok (nothing to do)
     fresh: Plan | None = None  # the re-compiled plan (None when the file was refused as edited)
 
     @property
@@ -89,6 +89,8 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
             words += [flag, str(value)]
     if request.hash_weights:
         words.append("--hash-weights")
+    if request.sampling:
+        words.append("--sampling")
     return shlex.join(words + kind_flags(request) + ["-o", output])
 
 
@@ -135,7 +137,7 @@ def check_plan(
         )
     fresh_bytes = encode_plan(fresh)
     if fresh_bytes == data:
-        return CheckResult(source_name, "ok", "", command, fresh)
+        return CheckResult(source_name, "ok", "", "", fresh)  # nothing to re-make
     difference = first_difference(plan, fresh)
     if difference is None:
         # Every figure agrees but the bytes do not: a detail of the plan was changed by hand

@@ -91,7 +91,9 @@ from dctms.toolkit.trace import (
     max_window,
 )
 
-CREATION_PRIMITIVES = ("Arange", "Full")  # their output shape is an input of the runner's call
+# Their output shape is an input of the runner's call (a pipeline rank receives the activations
+# of the tokens at the call's length point, so Recv's shape follows the lengths too).
+CREATION_PRIMITIVES = ("Arange", "Full", "Recv")
 ARENA_KINDS = ("intermediate", "output", "scratch")
 
 # MLX's allocators reuse a cached buffer for a request of S bytes when it is smaller than
@@ -145,6 +147,9 @@ class CompileOptions:
     rank: int = 0
     parallel: str | None = None
     split: tuple[int, ...] | None = None
+    # mlx-lm's sampler and logits processors traced into both phases, their parameters per-call
+    # inputs (toolkit.sampling); off: greedy argmax only, as before.
+    sampling: bool = False
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -165,8 +170,24 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError(f"--sync-every must be 0 (phase end only) or more, got {opts.sync_every}")
     if opts.alignment < 1 or opts.alignment & (opts.alignment - 1):
         raise DctmsError(f"alignment must be a power of two, got {opts.alignment}")
+    if opts.sampling:
+        _check_sampling(opts)
     if opts.dtype is not None and opts.dtype not in DTYPES:
         raise DctmsError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype}")
+
+
+def _check_sampling(opts: CompileOptions) -> None:
+    """--sampling is traced into the plain text phases: one sequence, a float full KV cache, one
+    rank (the other runners feed greedy phases)."""
+    others = [
+        (opts.batch != 1, f"--batch {opts.batch}"),
+        (opts.kv_bits is not None, "--kv-bits"),
+        (opts.max_kv_size is not None, "--max-kv-size"),
+        (opts.ranks != 1 or opts.parallel is not None, "--ranks/--parallel"),
+    ]
+    for given, flag in others:
+        if given:
+            raise DctmsError(f"--sampling is not supported with {flag} yet")
 
 
 @dataclass(frozen=True)
@@ -343,8 +364,18 @@ def trace_source(
     quant = caches.kv_quantization(opts, chunk)
     rings = caches.rings_for(windows, chunk, capacity)
     if rank is None:
+        if opts.sampling and any(r is not None for r in rings):
+            raise DctmsError(
+                "--sampling is not supported yet for models with sliding-window or recurrent layers"
+            )
         tracer = PhaseTracer(
-            model, num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
+            model,
+            num_layers,
+            batch=opts.batch,
+            capacity=capacity,
+            kv_quant=quant,
+            rings=rings,
+            sampling=opts.sampling,
         )
     else:
         tracer = rank.tracer(

@@ -14,7 +14,6 @@ vocabulary), tensor types F32, F16, Q4_0, Q4_1, Q8_0. Anything else is refused i
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import tempfile
 from collections import Counter
@@ -24,31 +23,12 @@ from pathlib import Path
 import mlx.core as mx
 
 from dctms.schema.errors import DctmsError
-from dctms.toolkit.gguf_header import read_tensor_table
+from dctms.toolkit.gguf_check import GLOBAL_TENSORS, LAYER_NAME, LAYER_TENSORS, check_llama
+from dctms.toolkit.gguf_header import read_header
 
-ARCHITECTURES = ("llama",)
 TENSOR_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 OUT_DTYPES = ("keep", "float32", "float16", "bfloat16")
 GROUP_SIZE = 32  # every GGUF block type MLX converts has 32 weights per block
-
-# GGUF tensor name -> mlx-lm parameter path ("{}" is the layer number).
-_GLOBAL = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_LAYER = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_LAYER_NAME = re.compile(r"^blk\.(\d+)\.(\w+)$")
 
 # llama.cpp's pre-tokenizer names whose splitting the tokenizers library reproduces exactly:
 # "gpt2"/"default": GPT-2's regex; the starcoder family (SmolLM among them): each digit alone,
@@ -75,25 +55,22 @@ def convert_gguf(
         raise DctmsError(f"{src}: no such file")
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise DctmsError(f"{dst}: already exists and is not an empty folder; choose a new OUT")
-    table = read_tensor_table(src)
-    other = sorted({t.type_name for t in table} - set(TENSOR_TYPES))
+    # The whole header is checked before MLX reads the file (its reader trusts every length and
+    # offset) and before anything is written: a refused file writes nothing.
+    head = read_header(src)
+    other = sorted({t.type_name for t in head.tensors} - set(TENSOR_TYPES))
     if other:
-        first = next(t.name for t in table if t.type_name == other[0])
+        first = next(t.name for t in head.tensors if t.type_name == other[0])
         raise DctmsError(
             f"{src}: tensor type {', '.join(other)} (e.g. {first}) is not supported; "
             f"convert-gguf reads {', '.join(TENSOR_TYPES)}"
         )
+    check_llama(head, src)
     say(f"reading {src.name} ({src.stat().st_size / 2**20:.1f} MiB)")
     try:
         tensors, meta = mx.load(str(src), return_metadata=True)
     except (RuntimeError, ValueError, OSError) as err:
         raise DctmsError(f"{src}: MLX cannot read it: {err}") from None
-    arch = _text(meta, "general.architecture", src)
-    if arch not in ARCHITECTURES:
-        raise DctmsError(
-            f"{src}: architecture {arch} is not supported; convert-gguf converts "
-            f"{', '.join(ARCHITECTURES)}"
-        )
     config = llama_config(meta, tensors, src)
     weights = llama_weights(tensors, config, dtype, src)
     config.update(_weights_config(weights, dtype))
@@ -131,15 +108,11 @@ def llama_config(meta: dict, tensors: dict, src: Path) -> dict:
         kind = meta.get(key)
         if kind is not None and kind != "none":
             raise DctmsError(f"{src}: RoPE scaling ({key} = {kind}) is not supported")
-    if "rope_freqs.weight" in tensors:
-        raise DctmsError(f"{src}: RoPE frequency factors (rope_freqs) are not supported")
+    # check_llama has checked every value and its consistency with the tensors.
     hidden = int(_number(meta, p + "embedding_length", src))
     heads = int(_number(meta, p + "attention.head_count", src))
     kv_heads = int(_number(meta, p + "attention.head_count_kv", src, heads))
     head_dim = int(_number(meta, p + "attention.key_length", src, hidden // heads))
-    rope_dims = int(_number(meta, p + "rope.dimension_count", src, head_dim))
-    if rope_dims != head_dim:
-        raise DctmsError(f"{src}: partial RoPE ({rope_dims} of {head_dim} dims) is not supported")
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = int(_number(meta, p + "vocab_size", src, len(tokens) if tokens else None))
     config = {
@@ -180,10 +153,6 @@ def llama_weights(tensors: dict, config: dict, dtype: str, src: Path) -> dict[st
     grouped: dict[str, dict[str, mx.array]] = {}
     for name, array in tensors.items():
         base, _, part = name.rpartition(".")
-        if part not in ("weight", "scales", "biases", "bias"):
-            raise DctmsError(f"{src}: tensor {name} is not one convert-gguf knows")
-        if part == "bias":
-            raise DctmsError(f"{src}: tensor {name}: projection biases are not supported (llama)")
         grouped.setdefault(_mlx_name(base, src), {})[part] = array
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     out: dict[str, mx.array] = {}
@@ -206,16 +175,15 @@ def llama_weights(tensors: dict, config: dict, dtype: str, src: Path) -> dict[st
             parts = {k: v.astype(getattr(mx, dtype)) for k, v in parts.items()}
         for part, array in parts.items():
             out[f"{path}.{part}"] = array
-    _check_complete(out, config, src)
     return out
 
 
 def _mlx_name(base: str, src: Path) -> str:
-    if base in _GLOBAL:
-        return _GLOBAL[base]
-    m = _LAYER_NAME.match(base)
-    if m and m.group(2) in _LAYER:
-        return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}"
+    if base in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[base]
+    m = LAYER_NAME.match(base)
+    if m and m.group(2) in LAYER_TENSORS:
+        return f"model.layers.{m.group(1)}.{LAYER_TENSORS[m.group(2)]}"
     raise DctmsError(f"{src}: tensor {base} is not one of a llama model")
 
 
@@ -230,17 +198,6 @@ def unpermute_rows(w: mx.array, heads: int) -> mx.array:
 def _bits(parts: dict[str, mx.array]) -> int:
     columns = parts["scales"].shape[-1] * GROUP_SIZE
     return parts["weight"].shape[-1] * 32 // columns
-
-
-def _check_complete(weights: dict, config: dict, src: Path) -> None:
-    needed = ["model.embed_tokens.weight", "model.norm.weight"]
-    if not config["tie_word_embeddings"]:
-        needed.append("lm_head.weight")
-    for i in range(config["num_hidden_layers"]):
-        needed += [f"model.layers.{i}.{name}.weight" for name in _LAYER.values()]
-    missing = [n for n in needed if n not in weights]
-    if missing:
-        raise DctmsError(f"{src}: the file lacks {missing[0]} ({len(missing)} tensors missing)")
 
 
 def _weights_config(weights: dict[str, mx.array], dtype: str) -> dict:
@@ -363,10 +320,11 @@ def build_tokenizer(meta: dict, src: Path) -> tuple[str, dict]:
         "clean_up_tokenization_spaces": False,
         "model_max_length": int(_number(meta, "llama.context_length", src, 4096)),
     }
-    for key in ("bos", "eos", "unk", "padding"):
+    # llama.cpp's key names -> transformers' (tokenizer.ggml.unknown_token_id, not unk_...)
+    for key, name in (("bos", "bos"), ("eos", "eos"), ("unknown", "unk"), ("padding", "pad")):
         value = token_of(key)
         if value is not None:
-            tokenizer_config["pad_token" if key == "padding" else f"{key}_token"] = value
+            tokenizer_config[f"{name}_token"] = value
     template = meta.get("tokenizer.chat_template")
     if isinstance(template, str) and template:
         tokenizer_config["chat_template"] = template

@@ -20,6 +20,9 @@ OPTIONAL = ("alignment",)
 MAX_TIME = 2**62  # |start|, |end|: sums of two stay inside int64
 MAX_SIZE = 2**53  # bytes, the plan format's own bound
 MAX_ALIGNMENT = 2**30
+# Every buffer's size plus its alignment, summed: no packing's arena can exceed it, so with it
+# below 2^62 every offset, top and sum of two stays inside the packers' int64 arrays.
+MAX_TOTAL = 2**62
 _INTEGER = re.compile(r"[+-]?[0-9]+\Z")
 
 
@@ -49,6 +52,7 @@ def parse_csv(text: str, source: str, default_alignment: int = 1) -> tuple[list[
     seen: set[str] = set()
     starts, ends, sizes, aligns = [], [], [], []
     line = 1
+    total = 0
     try:
         for row in rows:
             line = rows.line_num
@@ -75,6 +79,12 @@ def parse_csv(text: str, source: str, default_alignment: int = 1) -> tuple[list[
             align = default_alignment
             if "alignment" in col:
                 align = _integer(row[col["alignment"]], "alignment", source, line, 1, MAX_ALIGNMENT)
+            total += size + align
+            if total > MAX_TOTAL:
+                raise DctmsError(
+                    f"{source}: line {line}: the sizes and alignments up to this row add up to "
+                    f"{total} bytes, above 2^62 (offsets and arenas must fit in 64 bits)"
+                )
             ids.append(ident)
             starts.append(start)
             ends.append(end)

@@ -31,7 +31,19 @@ def greedy_orders(p: Problem) -> list[np.ndarray]:
 
 def best_fit(p: Problem, sw: Sweep, order: np.ndarray) -> tuple[np.ndarray, int]:
     """Offsets and arena of placing buffers in ``order``, each in its tightest fitting gap."""
+    placed = best_fit_within(p, sw, order, None)
+    assert placed is not None  # no limit
+    return placed[0], placed[1]
+
+
+def best_fit_within(
+    p: Problem, sw: Sweep, order: np.ndarray, limit: int | None
+) -> tuple[np.ndarray, int, int] | None:
+    """``best_fit`` with its work (candidates examined) counted; None as soon as the work passes
+    ``limit``. A placement examines every placed buffer it may overlap in time, so with many
+    buffers live together the pass is quadratic (40,000 live at once: 8 * 10^8 candidates)."""
     n = p.n
+    work = 0
     starts, ends = p.start, p.end
     first_bucket = (sw.sec_lo // _BUCKET).tolist()
     last_bucket = (np.maximum(sw.sec_hi - 1, sw.sec_lo) // _BUCKET).tolist()
@@ -51,6 +63,9 @@ def best_fit(p: Problem, sw: Sweep, order: np.ndarray) -> tuple[np.ndarray, int]
         if first != last:
             near = near + [j for b in range(first + 1, last + 1) for j in homed.get(b, ())]
         offset = 0
+        work += len(near) + last - first + 1  # the candidates, and the buckets' lists below
+        if limit is not None and work > limit:
+            return None
         if near:
             cand = np.array(near, dtype=np.int64)
             cand = cand[(starts[cand] < e_list[i]) & (s_list[i] < ends[cand])]
@@ -64,7 +79,7 @@ def best_fit(p: Problem, sw: Sweep, order: np.ndarray) -> tuple[np.ndarray, int]
             every.setdefault(b, []).append(i)
         if top > arena:
             arena = top
-    return offsets, arena
+    return offsets, arena, work
 
 
 def _best_gap(

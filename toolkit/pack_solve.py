@@ -3,7 +3,9 @@
 ``solve(problem, seconds)``:
 
 1. greedy best-fit over several orders (``pack_greedy``); an arena equal to the live-bytes lower
-   bound is optimal and ends it (the checked-in 7B plan's phases stop here);
+   bound is optimal and ends it (the checked-in 7B plan's phases stop here). Its work is capped
+   (``greedy_budget``: quadratic with thousands of buffers live at once); when not even the first
+   order fits under the cap, the online allocator (``pack_online``) gives the starting packing;
 2. otherwise the buffers are glued into blocks (``pack_coarsen``: chains across full boundaries,
    stacks of equal lifetimes) and, when that shrinks the problem by a tenth or more, the problem
    of the blocks is packed first with up to ``_COARSE_SHARE`` of the budget: greedy, short dives,
@@ -30,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dctms.toolkit.pack_coarsen import coarsen
-from dctms.toolkit.pack_greedy import best_fit, greedy_orders
+from dctms.toolkit.pack_greedy import best_fit_within, greedy_orders
+from dctms.toolkit.pack_online import online_best_fit
 from dctms.toolkit.pack_problem import Problem, Sweep, granule, live_max, make_problem, sweep
 from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE, Outcome, PartSearch
 from dctms.toolkit.pack_skyline import ORDERS, fill
@@ -41,6 +44,12 @@ WORK_PER_SECOND = 100_000_000
 GOOD_ENOUGH = 1e-4
 # The first node limit of the round-robin over pre-orders, per buffer of the part (then doubled).
 _FIRST_LIMIT_NODES = 4
+# The greedy pass's work limit: a share of the budget, at least the floor (so that ``--seconds 0``
+# still runs it on large problems), and what one candidate it examines costs in search work units
+# (measured here: 40,000 buffers live at once, 4.7 units per candidate).
+_GREEDY_SHARE = 0.25
+_GREEDY_FLOOR = 50_000_000
+_CANDIDATE_WORK = 5
 # Nodes per buffer a dive may visit (it backtracks only a little).
 _DIVE_NODES = 3
 # The skyline search's first work limit per buffer of the part (then doubled), and its share.
@@ -95,9 +104,9 @@ def solve(p: Problem, seconds: float = 0.0) -> Packing:
     if p.n == 0:
         return Packing([], 0, 0, 0, 0)
     sw = sweep(p)
-    best_offsets, best_arena = _greedy(p, sw, lower)
-    greedy_arena = best_arena
     budget = int(seconds * WORK_PER_SECOND)
+    best_offsets, best_arena = _greedy(p, sw, lower, budget)
+    greedy_arena = best_arena
     if best_arena <= lower or budget <= 0:
         return Packing(best_offsets.tolist(), best_arena, lower, lower, greedy_arena)
     spent = 0
@@ -112,16 +121,29 @@ def solve(p: Problem, seconds: float = 0.0) -> Packing:
     return Packing(offsets.tolist(), arena, lower, bound, greedy_arena, spent + work)
 
 
-def _greedy(p: Problem, sw: Sweep, lower: int) -> tuple[np.ndarray, int]:
-    """The best greedy order's offsets and arena."""
+def _greedy(p: Problem, sw: Sweep, lower: int, budget: int) -> tuple[np.ndarray, int]:
+    """The best greedy order's offsets and arena, the orders' work within ``greedy_budget``;
+    when not even the first order fits in it, the online allocator's packing."""
     best_offsets, best_arena = None, None
+    limit = greedy_budget(budget) // _CANDIDATE_WORK
     for order in greedy_orders(p):
-        offsets, arena = best_fit(p, sw, order)
+        placed = best_fit_within(p, sw, order, limit)
+        if placed is None:
+            break  # this order would take longer than the budget allows; the next ones too
+        offsets, arena, work = placed
+        limit -= work
         if best_arena is None or arena < best_arena:
             best_offsets, best_arena = offsets, arena
         if arena <= lower * (1 + GOOD_ENOUGH):
             break  # the other orders could gain at most GOOD_ENOUGH; the search may close it
+    if best_arena is None:
+        return online_best_fit(p)
     return best_offsets, best_arena
+
+
+def greedy_budget(budget: int) -> int:
+    """The greedy pass's work limit for a search budget (both in search work units)."""
+    return max(_GREEDY_FLOOR, int(budget * _GREEDY_SHARE))
 
 
 def _glued(p: Problem, sw: Sweep, lower: int, budget: int) -> tuple[np.ndarray, int, int] | None:
@@ -148,7 +170,7 @@ def _glued(p: Problem, sw: Sweep, lower: int, budget: int) -> tuple[np.ndarray, 
 def _pack_blocks(q: Problem, lower: int, budget: int) -> tuple[np.ndarray, int, int]:
     """Greedy, skyline probes, then branch-and-bound probes on the glued problem ``q``."""
     q_sw = sweep(q)
-    offsets, arena = _greedy(q, q_sw, lower)
+    offsets, arena = _greedy(q, q_sw, lower, budget)
     work = 0
     if arena > lower:
         sky = int(budget * _COARSE_SKYLINE_SHARE)

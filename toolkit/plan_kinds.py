@@ -54,6 +54,8 @@ def compile_kind(
         raise DctmsError(
             "--draft with --images: speculative vision-language plans are not supported"
         )
+    if opts.sampling and kind is not TEXT and kind.name != "text":
+        raise DctmsError(f"--sampling is not supported for {kind.name} plans yet")
     if kind.images is not None:
         from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
 

@@ -7,6 +7,7 @@ never fight over memory bandwidth (paper §3.5).
 
 from __future__ import annotations
 
+from dctms.figures.roofline import CPU_OPENBLAS
 from dctms.schema.errors import DctmsError
 from dctms.schema.types import TargetProfile
 
@@ -85,6 +86,9 @@ PROFILES: dict[str, TargetProfile] = {
         }.items()
     },
 }
+
+# The CPU profile predictions use by default (figures.roofline.prediction_profile); choosable here.
+PROFILES[CPU_OPENBLAS.name] = CPU_OPENBLAS
 
 DEFAULT_PROFILE = {"cpu": "cpu-x86-2core", "gpu": "apple-m4-16gb"}
 

@@ -28,6 +28,11 @@ from dctms.schema.errors import DctmsError
 from dctms.schema.values import args_to_plain, dtype_name
 from dctms.toolkit.last_row import last_layer_on_picked_row
 from dctms.toolkit.module_paths import trace_module_paths
+from dctms.toolkit.sampling import DECODE_OUTPUTS as SAMPLING_DECODE_OUTPUTS
+from dctms.toolkit.sampling import INPUTS as SAMPLING_INPUTS
+from dctms.toolkit.sampling import OUTPUTS as SAMPLING_OUTPUTS
+from dctms.toolkit.sampling import placeholders as sampling_placeholders
+from dctms.toolkit.sampling import sample
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -317,10 +322,14 @@ class PhaseTracer:
         capacity: int,
         kv_quant=None,
         rings=None,
+        sampling: bool = False,
     ):
         from dctms.toolkit.caches import StateLayout, probes_for  # built on this module's caches
 
         self.model, self.num_layers, self.batch = model, num_layers, batch
+        # compile --sampling: mlx-lm's logits processors and sampler traced after the logits
+        # (toolkit.sampling), their parameters per-call inputs
+        self.sampling = sampling
         self.params = dict(tree_flatten(model.parameters()))
         self.weights = {
             k: _zero_cost(tuple(v.shape), v.dtype) for k, v in sorted(self.params.items())
@@ -332,7 +341,10 @@ class PhaseTracer:
         self.layout = StateLayout(self.kv, capacity, kv_quant, rings, probes)
         self.state = {a.name: _zero_cost(a.shape, a.dtype) for a in self.layout.arrays}
 
-    def _step(self, tokens, position, last_index, window: int, kw: dict, phase: str) -> tuple:
+    def _step(
+        self, tokens, position, last_index, window: int, kw: dict, phase: str, sampling=None
+    ) -> tuple:
+        """``sampling``: the sampling inputs by name (``toolkit.sampling``), or None: greedy."""
         model = self.model
         model.update(tree_unflatten([(k, kw[k]) for k in self.params]))
         caches = self.layout.caches(kw, position, window, phase)
@@ -340,6 +352,9 @@ class PhaseTracer:
             logits = model(tokens, cache=caches)[:, -1, :]
         else:
             logits = _last_real_logits(model, tokens, caches, last_index)
+        if sampling is not None:
+            fed = tokens[:, -1] if last_index is None else None
+            return (*sample(logits, sampling, fed), *self.layout.outputs(caches))
         # Greedy exactly as mlx-lm's generate_step: argmax of log-probabilities.
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         next_token = mx.argmax(logprobs, axis=-1)
@@ -352,16 +367,19 @@ class PhaseTracer:
         chunk may be padded), whose greedy next token is returned. ``name``: "prefill", or
         "prefill_start" for a quantised cache's first call (see ``toolkit.caches``)."""
 
-        def fn(tokens_, position, last_index, **kw):
-            return self._step(tokens_, position, last_index, window, kw, name)
+        def fn(tokens_, position, last_index, *rest, **kw):
+            chosen = self._sampling_inputs(rest)
+            return self._step(tokens_, position, last_index, window, kw, name, chosen)
 
         feeds = {
             "tokens": mx.zeros((self.batch, tokens), mx.int32),
             "position": mx.array(0, mx.int32),
             "last_index": mx.array(0, mx.int32),
+            **self._sampling_feeds(),
         }
         state = self._state_for(name)
-        phase = _export(name, tokens, fn, feeds, self.weights, state, self.layout.names_for(name))
+        names = self._result_names(SAMPLING_OUTPUTS, self.layout.names_for(name))
+        phase = _export(name, tokens, fn, feeds, self.weights, state, names)
         return self._with_paths(phase, fn, feeds, state) if paths else phase
 
     def decode(self, window: int, name: str = "decode", paths: bool = False) -> TracedPhase:
@@ -369,13 +387,33 @@ class PhaseTracer:
         back as it is, so the runner can build step t+1 while step t still computes (as mlx-lm's
         generate_step does)."""
 
-        def fn(tokens_, position, **kw):
-            return self._step(tokens_[:, None], position, None, window, kw, name)
+        def fn(tokens_, position, *rest, **kw):
+            chosen = self._sampling_inputs(rest)
+            return self._step(tokens_[:, None], position, None, window, kw, name, chosen)
 
-        feeds = {"tokens": mx.zeros((self.batch,), mx.uint32), "position": mx.array(0, mx.int32)}
+        feeds = {
+            "tokens": mx.zeros((self.batch,), mx.uint32),
+            "position": mx.array(0, mx.int32),
+            **self._sampling_feeds(),
+        }
         state = self._state_for(name)
-        phase = _export(name, 1, fn, feeds, self.weights, state, self.layout.names_for(name))
+        names = self._result_names(SAMPLING_DECODE_OUTPUTS, self.layout.names_for(name))
+        phase = _export(name, 1, fn, feeds, self.weights, state, names)
         return self._with_paths(phase, fn, feeds, state) if paths else phase
+
+    def _sampling_feeds(self) -> dict[str, mx.array]:
+        return sampling_placeholders() if self.sampling else {}
+
+    def _sampling_inputs(self, rest: tuple) -> dict[str, mx.array] | None:
+        return dict(zip(SAMPLING_INPUTS, rest, strict=True)) if self.sampling else None
+
+    def _result_names(self, sampled: tuple[str, ...], state_names) -> list[str] | int:
+        """The outputs after ``next_token``: a sampling phase's own, then the state's."""
+        if not self.sampling:
+            return state_names
+        if isinstance(state_names, int):
+            state_names = [f"kv.{i}.{p}" for i in range(state_names) for p in ("keys", "values")]
+        return [*sampled, *state_names]
 
     def _state_for(self, phase: str) -> dict[str, mx.array]:
         """The keyword state a phase is traced with: all but the cache arrays it does not use (a

@@ -32,6 +32,7 @@ from dctms.toolkit import compiler as text
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import ridge_point
+from dctms.toolkit.sanitize import bind_to_stored, stored_sources
 from dctms.toolkit.trace import kv_capacity, max_window
 from dctms.toolkit.vision_families import family_of
 
@@ -112,6 +113,8 @@ def compile_vlm_plan(
         tracer.vision(v.phase, tuple(v.pixel_shape), v.height, v.width, v.tokens) for v in variants
     ]
     traced = tracer.traced([*encoders, tracer.prefill(chunk, prompt_window), tracer.decode(window)])
+    if headers is not None:  # as mlx-vlm's load: the class's sanitize fills in tied weights
+        traced = bind_to_stored(traced, stored_sources(model, headers))
     weights = text.fingerprint_weights(traced.weights, headers, source, opts.hash_weights)
     ridge = ridge_point(settings.profile)
     phases = []

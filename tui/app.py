@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NoReturn
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -107,11 +108,21 @@ class InspectorApp(App[int]):
         """(mode, title) of this inspection's screens, in number-key order."""
         return [(s.MODE, s.TITLE) for s in self.screen_classes]
 
+    @property
+    def absent_screens(self) -> list[tuple[str, str]]:
+        """(mode, title) of the screens in number-key order this inspection does not have."""
+        return [(s.MODE, s.TITLE) for s in SCREEN_ORDER if s not in self.screen_classes]
+
     def action_show(self, mode: str) -> None:
         if mode in self.modes:
             self.switch_mode(mode)
         elif mode == "diff":
-            self.notify("the Diff screen needs two plans: dctms-tui OLD NEW", severity="warning")
+            self.notify(
+                "the Diff screen compares two plans: start it as dctms-tui OLD NEW",
+                title="no Diff with one plan",
+                severity="warning",
+                timeout=10,
+            )
 
     def action_show_number(self, number: int) -> None:
         if 1 <= number <= len(self.modes):
@@ -222,8 +233,15 @@ def seconds_since_process_start() -> float:
 _IMPORTED = time.perf_counter()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line and exit 2, as ``dctms``'s are."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dctms-tui",
         description=(
             "Inspect a dctms plan in the terminal: envelope, memory curve, lifetimes, buffers, "

@@ -211,9 +211,13 @@ def short_module(path: str | None) -> str:
     return ".".join(names[cut:])
 
 
+MODULE_ROW = "module "  # key prefix of a grouped chart's heading row (tensor ids have no space)
+
+
 def tensor_rows(index: PhaseLookup, query: Query = Query(), by_module: bool = False) -> list[Row]:
     """One row per tensor matching ``query``, in order of first slot (then plan order); with
-    ``by_module``, grouped by the module that made it (module paths in order of first use)."""
+    ``by_module``, grouped by the module that made it (module paths in order of first use), each
+    group after a heading row whose key is ``MODULE_ROW`` + the module path."""
     rows = []
     ordered = sorted(enumerate(index.phase.tensors), key=lambda p: (p[1].interval[0], p[0]))
     if by_module:
@@ -223,13 +227,17 @@ def tensor_rows(index: PhaseLookup, query: Query = Query(), by_module: bool = Fa
         ordered.sort(
             key=lambda p: first[index.module_of(p[1].id) or ""]
         )  # stable: slot order within
+    heading: str | None = None
     for _, t in ordered:
         if not tensor_matches(index, t, query):
             continue
         op = index.producer_op(t.id)
         what = op.primitive if op is not None else t.kind
-        module = short_module(index.module_of(t.id))
-        label = f"{t.id:<6.6} {what:<14.14} {module:<22.22}"
+        path = index.module_of(t.id) or ""
+        if by_module and path != heading:  # a heading row (no bars) opens each module's group
+            heading = path
+            rows.append(Row(f"{MODULE_ROW}{path}", f"▸ {path or '(no module recorded)'}", ()))
+        label = f"{t.id:<6.6} {what:<14.14} {short_module(path)}"
         bar = Bar(t.interval[0], t.interval[1], t.id, t.buffer)
         rows.append(Row(t.id, label, (bar,), t.buffer))
     return rows

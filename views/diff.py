@@ -12,6 +12,7 @@ from typing import Any
 
 from dctms.figures.comparison import ENVELOPE_LABELS, Change, Delta, plan_diff
 from dctms.figures.module_diff import ModuleDelta, module_deltas
+from dctms.figures.roofline import prediction_profile
 from dctms.figures.units import human, parse_size
 from dctms.schema.errors import DctmsError
 from dctms.schema.types import Plan
@@ -74,7 +75,10 @@ def diff_data(
         "bounds": [_change_row(c) for c in diff.bounds],
         "model": [_change_row(c) for c in diff.fingerprint],
         "roofline": {
-            "profiles": {"old": old.target.profile.name, "new": new.target.profile.name},
+            "profiles": {
+                "old": prediction_profile(old).name,
+                "new": prediction_profile(new).name,
+            },
             "rows": [_roofline_row(r) for r in diff.roofline],
         },
         "modules": [_module_row(r) for r in module_deltas(old, new)],

@@ -51,8 +51,16 @@ _KIND_COLOUR = {"intermediate": "#9ecae1", "output": "#a1d99b", "scratch": "#fda
 _FONT = "Helvetica"
 
 
-def select_phase(plan: Plan, name: str) -> Phase:
-    """The phase called ``name``; a ``DctmsError`` naming the phases the plan has otherwise."""
+def peak_phase(plan: Plan) -> Phase:
+    """The phase with the peak: the one whose arena (with its slack) is M_intermediate."""
+    return max(plan.phases, key=lambda p: (p.arena_bytes + p.slack_bytes, p.name == "prefill"))
+
+
+def select_phase(plan: Plan, name: str | None) -> Phase:
+    """The phase called ``name`` (None: ``peak_phase``); a ``DctmsError`` naming the phases the
+    plan has otherwise."""
+    if name is None:
+        return peak_phase(plan)
     for phase in plan.phases:
         if phase.name == name:
             return phase
@@ -83,6 +91,21 @@ def tensor_layers(plan: Plan, phase: Phase) -> dict[str, int | None]:
     return {tid: of_op[pos] for tid, pos in index.producer.items()}
 
 
+def tensor_modules(plan: Plan, phase: Phase) -> dict[str, str | None]:
+    """Tensor id -> module path of the op that writes it (scratch tensors: the op they serve)."""
+    index = build_index(phase, "$")
+    of_op = op_modules(plan, phase)
+    return {tid: of_op[pos] for tid, pos in index.producer.items()}
+
+
+def bar_label(module: str | None, tensor_id: str) -> str:
+    """A lifetime bar's label: the module path below the model (``layers.26.self_attn``), else
+    the tensor id."""
+    if not module:
+        return tensor_id
+    return module.removeprefix("model.")
+
+
 def _tenants(plan: Plan, phase: Phase, layers: Layers | None) -> list[Tensor]:
     of_layer = tensor_layers(plan, phase)
     return [t for t in phase.tensors if is_arena_tenant(t) and in_range(of_layer.get(t.id), layers)]
@@ -97,9 +120,10 @@ def _title(plan: Plan, phase: Phase, what: str, layers: Layers | None) -> str:
     )
 
 
-def _tooltip(t: Tensor) -> str:
+def _tooltip(t: Tensor, module: str | None = None) -> str:
     return (
-        f"{t.id} {shape_text(t.shape, t.dtype)} {t.kind}, {t.bytes:,} B, "
+        f"{t.id}{f' ({module})' if module else ''} {shape_text(t.shape, t.dtype)} {t.kind}, "
+        f"{t.bytes:,} B, "
         f"slots {t.interval[0]}-{t.interval[1]}, buffer {t.buffer}, offset {t.offset}"
     )
 
@@ -121,6 +145,7 @@ def lifetimes_graph(plan: Plan, phase: Phase, layers: Layers | None = None) -> g
     row_of = {b: i for i, b in enumerate(rows)}
     size_of = {b.id: b.bytes for b in phase.buffers}
 
+    module_of = tensor_modules(plan, phase)
     g = graphviz.Digraph("lifetimes", engine="neato")
     # layout=neato makes a plain `dot -Tsvg` of the .dot file honour the pinned positions too.
     g.attr(
@@ -139,16 +164,17 @@ def lifetimes_graph(plan: Plan, phase: Phase, layers: Layers | None = None) -> g
         width = max((e - s + 1) * per_slot, 0.01)
         x = (s - first) * per_slot + width / 2
         y = -row_of[t.buffer] * row_h
+        label = bar_label(module_of.get(t.id), t.id)
         g.node(
             t.id,
-            label=t.id if width >= 0.08 * len(t.id) else "",
+            label=label if width >= 0.08 * len(label) else "",
             pos=f"{x:.4f},{y:.4f}!",
             width=f"{width:.4f}",
             height=str(bar_h),
             fillcolor=_KIND_COLOUR.get(t.kind, "#dddddd"),
             color="#555555",
             penwidth="0.3",
-            tooltip=_tooltip(t),
+            tooltip=_tooltip(t, module_of.get(t.id)),
         )
     for b, i in row_of.items():
         name = "no buffer" if b is None else f"buffer {b} ({human(size_of.get(b, 0))})"
@@ -426,20 +452,30 @@ def _layer_graph(
     members: dict[str, list[NumberedOp]] = defaultdict(list)
     for op in selected:
         members[group[op.index]].append(op)
+    sources, shapes = _sources(phase), _shapes(phase)
+    shared = _shared_tensors(phase, sources, group)
     for name, ops in members.items():
         bound = sum(op.memory_bound for op in ops)
+        made = [t for op in ops for t in op.outputs if t in shared]
+        readers = set().union(*(shared[t] for t in made)) if made else set()
+        note = (
+            f"\\n+ {len(made)} tensors shared with {len(readers)} other groups (not drawn)"
+            if made
+            else ""
+        )
         g.node(
             _node_id(name),
-            label=f"{name}\\n{len(ops)} ops, {bound} memory-bound",
+            label=f"{name}\\n{len(ops)} ops, {bound} memory-bound{note}",
             fillcolor="#f0f0f0" if name.startswith("layer") else "#dadaeb",
         )
-    sources, shapes = _sources(phase), _shapes(phase)
     crossing: dict[tuple[str, str], set[str]] = defaultdict(set)
     for op in numbered_ops(phase):
         for t in op.inputs:
             src = sources.get(t)
             if src is None or (src.op is None and src.binding_kind != "input"):
                 continue  # weights, constants, KV cache
+            if t in shared:
+                continue  # one value every later layer reads: noted on its group, not drawn
             tail = "inputs" if src.op is None else group[src.op.index]
             head = group[op.index]
             head_in = op.index in chosen
@@ -472,6 +508,24 @@ def _layer_graph(
                 )
         g.edge(_node_id(tail), _node_id(head), label=_crossing_label(tensors, shapes))
     return g
+
+
+SHARED_READERS = 3  # a tensor read by this many other groups is shared, not a layer-to-layer edge
+
+
+def _shared_tensors(
+    phase: Phase, sources: dict[str, _Source], group: dict[int, str]
+) -> dict[str, set[str]]:
+    """Tensors an op computes once and ``SHARED_READERS`` or more other groups read (the rotary
+    angles and the mask, merged across layers by the compiler) -> the groups reading them: drawn
+    as edges they would tie one layer to every later one."""
+    readers: dict[str, set[str]] = defaultdict(set)
+    for op in numbered_ops(phase):
+        for t in op.inputs:
+            src = sources.get(t)
+            if src is not None and src.op is not None and group[src.op.index] != group[op.index]:
+                readers[t].add(group[op.index])
+    return {t: r for t, r in readers.items() if len(r) >= SHARED_READERS}
 
 
 def _groups(phase: Phase, of_layer: list[int | None]) -> dict[int, str]:

@@ -55,6 +55,7 @@ def roofline_text(plan: Plan, roof: Roofline) -> str:
         title = "predicted at the roofline, every call at its phase's bound (no dispatch overhead)"
     else:
         title = "predicted at the roofline (a lower bound on time: no dispatch overhead)"
+    title += f", on profile {roof.profile.name}"
     lines += ["", title]
     if decode is not None:
         lines.append(

@@ -8,6 +8,7 @@ import sys
 from dctms.cli.compile_options import add_compile_options, add_plan_kind_options, compile_options
 from dctms.cli.hf_cache import add_download_flag, with_hub
 from dctms.cli.progress import progress_printer
+from dctms.figures.budget import shortfall
 from dctms.figures.units import human
 from dctms.schema.errors import DctmsError
 
@@ -34,11 +35,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-o",
         "--output",
         metavar="PLAN",
-        help="plan file to write (default: stdout); with --ranks, a folder for rank<r>.plan",
+        help="plan file to write (required; - for stdout); with --ranks, a folder for rank<r>.plan",
     )
     add_compile_options(p, memory_required=False)
     add_plan_kind_options(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress and no summary on stderr"
+    )
     p.add_argument(
         "--progress", action="store_true", help="progress on stderr even when it is not a terminal"
     )
@@ -50,13 +53,15 @@ def run(args: argparse.Namespace) -> int:
     from dctms.cli.inputs import model_inputs
     from dctms.schema.output import reserve_output
 
-    if args.ranks > 1 or args.parallel is not None:
+    if args.ranks > 1 or args.parallel is not None:  # -o FOLDER, checked there
         from dctms.cli.distributed import compile_ranks_command
 
         return compile_ranks_command(args)
-    if not args.output or args.output == "-":
-        if args.output == "":
-            raise DctmsError("-o '': empty path (use - for stdout)")
+    if args.output is None:  # a plan is megabytes of JSON: never onto a terminal by default
+        raise DctmsError("give -o PLAN (the plan file to write; -o - writes it to stdout)")
+    if args.output == "":
+        raise DctmsError("-o '': empty path (use - for stdout)")
+    if args.output == "-":
         return _run(args, None)
     # Checked (and the file reserved) before any work: never onto the model, a device or a folder.
     inputs = model_inputs(args.model) + (model_inputs(args.draft) if args.draft else [])
@@ -72,28 +77,30 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.plan_kinds import compile_kind
 
-
     progress = progress_printer(args)
-
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_kind(open_model(args.model), opts, plan_kind(args), progress)
     plan = with_hub(plan, getattr(args, "hub", {}).get("model"))
     if target is not None:
         target.write(encode_plan(plan))
-        progress(f"wrote {args.output}")
     else:
         sys.stdout.buffer.write(encode_plan(plan))
-    env = plan.envelope
-    progress(
-        f"M_max {human(env.total)} (weights {human(env.weights)}, kv {human(env.kv)}, "
-        f"intermediate {human(env.intermediate)}, runtime {human(env.runtime)})"
-    )
-    if env.free is not None and env.free < 0:
-        print(
-            f"dctms compile: M_max {human(env.total)} does not fit the {human(env.device)} budget: "
-            f"short by {human(-env.free)} ({-env.free} bytes)",
-            file=sys.stderr,
-        )
+        sys.stdout.flush()
+    if not args.quiet:  # whatever stdout is: the plan's one figure and where it went
+        print(summary_line(plan, "the plan to stdout" if target is None else args.output), file=sys.stderr)
+    short = shortfall(plan.envelope)
+    if short:
+        print(f"dctms compile: {short}", file=sys.stderr)
         return 1
     return 0
+
+
+def summary_line(plan, written: str) -> str:
+    """``wrote PLAN: M_max 1.50 GiB (1,610,612,736 B; weights ..., kv ..., ...)``."""
+    env = plan.envelope
+    return (
+        f"wrote {written}: M_max {human(env.total)} ({env.total:,} B; weights {human(env.weights)}, "
+        f"kv {human(env.kv)}, intermediate {human(env.intermediate)}, "
+        f"runtime {human(env.runtime)})"
+    )
 

@@ -58,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_real(args: argparse.Namespace, folder: Path, plan_path: Path) -> int:
-    from dctms.schema.io import write_plan
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
     from dctms.views.show import show_text
@@ -66,9 +65,10 @@ def run_real(args: argparse.Namespace, folder: Path, plan_path: Path) -> int:
     question = args.prompt or DEMO_QUESTION
     say(f"compiling a plan for {folder.name} (N={args.N}, M={args.M})")
     plan = compile_plan(open_model(folder), CompileOptions(args.N, args.M, prefill_chunk=64))
-    write_plan(plan, plan_path)
+    written = keep_or_write_plan(plan, plan_path)
     print(show_text(plan))
-    print(f"\nplan written to {plan_path}; running it in a fresh process:\n", flush=True)
+    done = "written to" if written else "unchanged in"
+    print(f"\nplan {done} {plan_path}; running it in a fresh process:\n", flush=True)
     code, report = _run_plan(plan_path, folder, ["--prompt", question])
     if report is None:
         return code
@@ -82,7 +82,6 @@ def run_real(args: argparse.Namespace, folder: Path, plan_path: Path) -> int:
 
 
 def run_tiny(args: argparse.Namespace) -> int:
-    from dctms.schema.io import write_plan
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
     from dctms.toolkit.real_model import cache_dir
@@ -99,9 +98,10 @@ def run_tiny(args: argparse.Namespace) -> int:
         open_model(folder),
         CompileOptions(input_tokens=args.N, output_tokens=args.M, prefill_chunk=32),
     )
-    write_plan(plan, plan_path)
+    written = keep_or_write_plan(plan, plan_path)
     print(show_text(plan))
-    print(f"\nplan written to {plan_path}; running it in a fresh process:\n", flush=True)
+    done = "written to" if written else "unchanged in"
+    print(f"\nplan {done} {plan_path}; running it in a fresh process:\n", flush=True)
     code, report = _run_plan(plan_path, folder, ["--prompt", prompt, "--ignore-eos"])
     if report is None:
         return code
@@ -142,3 +142,19 @@ def _config(folder: Path) -> dict | None:
         return json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return None
+
+
+def keep_or_write_plan(plan, path: Path) -> bool:
+    """Write ``plan`` to ``path`` unless the file already holds exactly its bytes (then it is left
+    alone, its mtime too: a second demo changes nothing a build tool watches). True when written."""
+    from dctms.schema.io import encode_plan
+    from dctms.schema.output import write_output
+
+    data = encode_plan(plan)
+    try:
+        if path.read_bytes() == data:
+            return False
+    except OSError:  # missing or unreadable: written below, or refused there in one line
+        pass
+    write_output(path, data)
+    return True

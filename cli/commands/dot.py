@@ -31,11 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "dot",
         help="draw a phase as Graphviz: tensor lifetimes, buffer reuse, or the op graph",
         description=(
-            "Draw one phase of a plan with Graphviz. lifetimes: every arena tenant as a bar on a "
-            "time axis in schedule slots, one row per physical buffer. buffers: each physical "
+            "Draw one phase of a plan with Graphviz (by default the phase with the peak). lifetimes: "
+            "every arena tenant as a bar on a time axis in schedule slots, one row per physical "
+            "buffer, labelled with the module that made it. buffers: each physical "
             "buffer with the tensors that reuse it. graph: the op graph clustered by decoder "
             "layer, edges labelled with shapes; selections of more than 400 ops are collapsed "
-            "to one node per layer unless --flat. streams (a vision-language plan): one cluster "
+            "to one node per layer unless --flat (a tensor computed once and read by every later "
+            "layer, such as the rotary angles, is noted on its layer rather than drawn). streams (a vision-language plan): one cluster "
             "per stream with the sync points where they meet. The output format follows the file "
             "extension: .dot/.gv (no Graphviz needed), .svg/.png/.pdf (needs the dot program)."
         ),
@@ -47,7 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="lifetimes",
         help="what to draw (streams: a vision-language plan's streams and sync points)",
     )
-    p.add_argument("--phase", default="decode", help="phase to draw (default: decode)")
+    p.add_argument(
+        "--phase", help="phase to draw (default: the one with the peak, whose arena is M_intermediate)"
+    )
     p.add_argument(
         "--layers", metavar="A-B", help="only decoder layers A..B (inclusive; model-level ops out)"
     )

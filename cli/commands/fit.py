@@ -252,6 +252,7 @@ def _run_chunk_search(
     args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, target, model
 ) -> int:
     source, kind = model
+    from dctms.figures.roofline import prediction_profile
     from dctms.figures.units import human
     from dctms.views.fit import fit_summary, fit_text
     from dctms.views.fit_chunks import best_row, chunk_doc, chunk_row, chunk_table_text
@@ -296,7 +297,7 @@ def _run_chunk_search(
     )
     summary["compiles"] = sum(len(r.probes) for _, r, _ in found)
     _write(target, plan, args, source, kind)
-    profile = plan.target.profile.name
+    profile = prediction_profile(plan).name  # what views.fit_chunks predicted on
     if args.json:
         doc = {
             "search": "chunk",

@@ -31,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=10.0,
         metavar="S",
-        help="search budget (default 10; a fixed amount of work, so results are reproducible)",
+        help="search budget (default 10; a fixed amount of work, so results are reproducible; "
+        "the greedy pass may use a quarter of it, at least 0.5 s of work, then an online "
+        "allocator packs instead)",
     )
     p.add_argument(
         "--alignment",

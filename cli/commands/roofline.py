@@ -28,7 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("plan", metavar="PLAN", help="plan file")
     which = p.add_mutually_exclusive_group()
     which.add_argument(
-        "--profile", choices=PROFILE_NAMES, help="target profile (default: the plan's own)"
+        "--profile",
+        choices=PROFILE_NAMES,
+        help="target profile (default: the plan's own, or for a CPU plan scheduled on the "
+        "reference-BLAS cpu-x86-2core, cpu-x86-2core-openblas: the BLAS dctms runs with)",
     )
     which.add_argument(
         "--measure",
@@ -51,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dctms.figures.roofline import plan_roofline, roofline_doc
+    from dctms.figures.roofline import plan_roofline, prediction_profile, roofline_doc
     from dctms.schema.io import read_plan
     from dctms.views.roofline_bench import compare_with_bench, read_bench_summary
     from dctms.views.roofline_text import comparison_text, roofline_text
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
         profile = get_profile(args.profile)
     else:
-        profile = plan.target.profile
+        profile = prediction_profile(plan)
     roof = plan_roofline(plan, profile, args.prompt_tokens)
     comparison = compare_with_bench(plan, profile, bench) if bench is not None else None
     if args.json:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from dctms.cli.hf_cache import add_download_flag
+from dctms.cli.sampling_flags import add_sampling_options
 from dctms.figures.units import MIB
 from dctms.schema.errors import DctmsError
 
@@ -18,8 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a plan on its weights and check observed memory against M_max",
         description=(
             "Load and verify PLAN, refuse weights that do not match its fingerprint, allocate the "
-            "weights, KV cache and constants once, generate greedily by executing the plan's "
-            "primitives segment by segment, and compare MLX's observed peak memory with the "
+            "weights, KV cache and constants once, generate (greedily, or sampling with a plan "
+            "compiled with --sampling) by executing the plan's primitives segment by segment, "
+            "and compare MLX's observed peak memory with the "
             f"provable part of M_max (exit {EXIT_OVER_ENVELOPE} when it is exceeded)."
         ),
     )
@@ -64,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also compare every safetensors file's sha256 with the plan's",
     )
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    add_sampling_options(p)
     p.add_argument(
         "--ignore-chat-template",
         action="store_true",
@@ -126,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, target) -> int:
     # Imports here keep `dctms run` free of the compiler's modules.
 
+    from dctms.cli.sampling_flags import logprobs_report
     from dctms.runner.load import load_checked_plan
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, report_bytes
@@ -138,6 +142,10 @@ def _run(args: argparse.Namespace, target) -> int:
     _check_stops(args, plan)
     if plan.vision is not None or args.image:
         from dctms.cli.run_vision import run_vision
+        from dctms.cli.sampling_flags import sampling_params
+        from dctms.runner.sampling import refuse_greedy
+
+        refuse_greedy(sampling_params(args), plan)  # a vision plan decodes greedily
 
         return run_vision(args, plan, model, target)
     request, tokenizer = prompt_request(args, plan, model)
@@ -174,6 +182,10 @@ def _run(args: argparse.Namespace, target) -> int:
     report["finish_reason"] = reason
     if stops is not None and stops.stopped:
         report["stop"] = stops.stopped_at
+    if gen.seed is not None:
+        report["seed"] = gen.seed
+    if gen.logprobs:
+        report["logprobs"] = logprobs_report(gen, tokenizer)
     if target is not None:
         target.write(report_bytes(report))
     print(text if text is not None else ",".join(map(str, gen.tokens)))
@@ -237,7 +249,8 @@ def envelope_verdict(report: dict) -> int:
 
 def prompt_request(args: argparse.Namespace, plan, model):
     """The validated request (and the tokenizer, when one is used) that the prompt options ask for."""
-    from dctms.runner.request import validate_request
+    from dctms.cli.sampling_flags import sampling_params
+    from dctms.runner.request import GREEDY, validate_request
     from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids, parse_token_list
 
     if args.prompt is not None:
@@ -257,7 +270,8 @@ def prompt_request(args: argparse.Namespace, plan, model):
         prompt = encode_chat(tokenizer, args.prompt, args.system_prompt)
     max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
     stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
-    return validate_request(plan, prompt, max_tokens, stop), tokenizer
+    sampling = sampling_params(args) if hasattr(args, "temp") else GREEDY
+    return validate_request(plan, prompt, max_tokens, stop, sampling), tokenizer
 
 
 def speculative_summary(gen) -> dict:

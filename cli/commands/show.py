@@ -9,6 +9,8 @@ from pathlib import Path
 
 import msgspec
 
+from dctms.cli.inputs import model_config_hint
+from dctms.schema.errors import DctmsError
 from dctms.schema.io import read_plan
 from dctms.views.show import show_text
 
@@ -36,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    hint = model_config_hint(args.plan)  # the usual slip: the model's config for its plan
+    if hint is not None:
+        raise DctmsError(hint)
     if Path(args.plan).is_dir():  # the rank plans `dctms compile --ranks` wrote
         from dctms.schema.ranks import read_rank_plans
         from dctms.views.ranks import rank_table

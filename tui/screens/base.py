@@ -38,9 +38,13 @@ class InspectorScreen(Screen):
         return self.inspector.inspection
 
     def compose(self) -> ComposeResult:
-        yield NavBar(self.inspector.screen_titles, self.MODE, self.inspection.title)
+        yield self.nav_bar()
         yield from self.compose_body()
         yield Footer()
+
+    def nav_bar(self) -> NavBar:
+        app = self.inspector
+        return NavBar(app.screen_titles, self.MODE, self.inspection.title, app.absent_screens)
 
     def compose_body(self) -> ComposeResult:
         yield from ()
@@ -55,7 +59,7 @@ class PhaseScreen(InspectorScreen):
         self.index: PhaseLookup | None = None
 
     def compose(self) -> ComposeResult:
-        yield NavBar(self.inspector.screen_titles, self.MODE, self.inspection.title)
+        yield self.nav_bar()
         yield PhaseBar(phase_labels(self.inspection.plan))  # with its stream in a VLM plan
         yield from self.compose_body()
         yield Footer()
@@ -110,6 +114,13 @@ class SearchScreen(PhaseScreen):
         self.query_one("#search", Input).focus()
 
     def action_leave_search(self) -> None:
+        """Escape: the search box emptied and its filter dropped, back to the list."""
+        if self._search_timer is not None:
+            self._search_timer.stop()
+        box = self.query_one("#search", Input)
+        if box.value:
+            box.value = ""
+        self.run_search("")
         self.main_widget().focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:

@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from dctms.figures.comparison import Change, Delta, plan_diff
 from dctms.figures.module_diff import ModuleDelta, module_deltas
+from dctms.figures.roofline import prediction_profile
 from dctms.figures.units import human
 from dctms.tui.screens.base import InspectorScreen
 from dctms.tui.widgets.scroll import PageScroll
@@ -128,7 +129,7 @@ class DiffScreen(InspectorScreen):
             yield Static(change_table("Bounds", diff.bounds), id="diff-bounds")
             yield Static(change_table("Model fingerprint", diff.fingerprint), id="diff-fingerprint")
             yield Static(delta_table("Phases", diff.phases, mib=False), id="diff-phases")
-            profiles = {inspection.old.target.profile.name, inspection.plan.target.profile.name}
+            profiles = {prediction_profile(p).name for p in (inspection.old, inspection.plan)}
             yield Static(
                 delta_table(
                     f"Predicted at the roofline ({' -> '.join(sorted(profiles))})",

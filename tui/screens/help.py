@@ -12,7 +12,7 @@ from dctms.tui.widgets.scroll import PageScroll
 
 KEYS = [
     ("Screens", ""),
-    ("1 … 7", "Overview, Memory, Lifetimes, Buffers, Schedule, Ops, Diff (diff mode only)"),
+    ("1 … 7", "Overview, Memory, Lifetimes, Buffers, Schedule, Ops, Diff (dctms-tui OLD NEW)"),
     ("tab / shift+tab", "next / previous screen"),
     ("ctrl+p", "command palette: every screen and phase by name"),
     ("p", "next phase (prefill, decode, …) on the per-phase screens"),
@@ -22,11 +22,13 @@ KEYS = [
     ("← → / h l", "pan along the slots (in tables: scroll the columns)"),
     ("↑ ↓ / k j", "move the row cursor; pgup/pgdn, home/end"),
     ("b", "Lifetimes: one row per tensor ⇄ one row per buffer"),
+    ("g", "Lifetimes: group the tensors under a heading per module (again: slot order)"),
     ("[ ]  m", "Memory: step the inspected slot; back to the peak"),
-    ("s", "Memory: sort the live tensors by size (again: reverse); a header click sorts too"),
+    ("s", "Memory: live tensors largest first (again: smallest first); header clicks sort"),
     ("Tables and search", ""),
     ("/", "search / filter: words match names and primitives; layer:N prim:NAME buf:N kind:K"),
-    ("enter / escape", "apply the search and go back to the list / leave the search box"),
+    ("enter", "apply the search and go back to the list"),
+    ("escape", "clear the search / filter and go back to the list"),
     ("e", "Schedule: switch between the slots and the sync points"),
 ]
 # Listed after "p" when the inspector opened a folder of rank plans.

@@ -11,6 +11,7 @@ from textual.widgets import Static
 from dctms.figures.units import exact_bytes
 from dctms.schema.numbered import NumberedOp
 from dctms.tui.data import (
+    MODULE_ROW,
     PhaseLookup,
     Query,
     Row,
@@ -73,6 +74,17 @@ def buffer_text(index: PhaseLookup, row: Row) -> str:
     return (
         f"[b]buffer {buffer}[/b]  {exact_bytes(size)}  {len(row.bars)} tenant(s) shown\n"
         f"tenants: {tenants or 'none'}" + (f", +{more} more" if more > 0 else "")
+    )
+
+
+def module_text(rows: list[Row], heading: Row) -> str:
+    """The details panel for a module's heading row: how many tensors its group holds."""
+    start = rows.index(heading) + 1
+    end = next((i for i in range(start, len(rows)) if not rows[i].bars), len(rows))
+    path = heading.key[len(MODULE_ROW) :] or "(no module recorded)"
+    return (
+        f"[b]module {escape(path)}[/b]: {end - start} tensor(s) below, in slot order  "
+        "[dim](g: all tensors in slot order)[/dim]"
     )
 
 
@@ -147,5 +159,7 @@ class LifetimesScreen(SearchScreen):
             details.update("[dim]no tensor matches the filter[/dim]")
         elif event.row.key.startswith("buffer ") and self.per_buffer:
             details.update(buffer_text(self.index, event.row))
+        elif event.row.key.startswith(MODULE_ROW) and not event.row.bars:
+            details.update(module_text(event.gantt.rows, event.row))
         else:
             details.update(tensor_text(self.index, event.row.key))

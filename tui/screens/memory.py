@@ -112,6 +112,12 @@ class MemoryScreen(PhaseScreen):
     def on_memory_curve_slot_chosen(self, event: MemoryCurve.SlotChosen) -> None:
         self.show_slot(event.slot)
 
+    # Whether ``s`` was pressed: the list opens largest first, and the first ``s`` keeps it so
+    # (it says "largest first"); each further ``s`` turns the order round.
+    size_sorted = False
+
     def action_sort_size(self) -> None:
         table = self.query_one("#live", VirtualTable)
-        table.sort_by("aligned", reverse=table.sorted_by != ("aligned", True))
+        turn = self.size_sorted and table.sorted_by == ("aligned", True)
+        table.sort_by("aligned", reverse=not turn)
+        self.size_sorted = True

@@ -32,16 +32,26 @@ class Gantt(RowCursor, TimeChart):
         def control(self) -> Gantt:
             return self.gantt
 
-    LABEL_WIDTH = 34
+    LABEL_WIDTH = 34  # the label column's least width; wider as the labels need, up to:
+    MAX_LABEL_WIDTH = 60
+    MIN_TIMELINE = 10  # ... and never leaving the bars fewer columns than this
 
     def __init__(self, *, id: str | None = None, classes: str | None = None):
         super().__init__(0, id=id, classes=classes)
         self.rows: list[Row] = []
         self.cursor = 0
+        self.longest_label = 0
+
+    @property
+    def label_width(self) -> int:
+        """Wide enough for every label (a space either side), so module paths are not cut."""
+        wanted = min(max(self.LABEL_WIDTH, self.longest_label + 2), self.MAX_LABEL_WIDTH)
+        return min(wanted, max(0, self.size.width - self.MIN_TIMELINE))
 
     def set_rows(self, rows: list[Row], num_slots: int, keep: str | None = None) -> None:
         """Show ``rows``; the cursor goes to the row keyed ``keep`` when still present, else row 0."""
         self.rows = rows
+        self.longest_label = max((len(r.label) for r in rows), default=0)
         self.num_slots = num_slots
         keys = [r.key for r in rows]
         self.cursor = keys.index(keep) if keep in keys else 0

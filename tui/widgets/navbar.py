@@ -9,11 +9,18 @@ from textual.widgets import Static
 class NavBar(Static):
     """``1 Overview  2 Memory ...`` with the current screen highlighted, the plan name on the right."""
 
-    def __init__(self, screens: list[tuple[str, str]], current: str, title: str):
+    def __init__(
+        self,
+        screens: list[tuple[str, str]],
+        current: str,
+        title: str,
+        absent: list[tuple[str, str]] = (),
+    ):
         super().__init__(classes="navbar")
         self.screens = screens
         self.current = current
         self.title = title
+        self.absent = list(absent)  # (mode, title) of screens this inspection lacks (the Diff)
 
     def on_mount(self) -> None:
         parts: list[Content | str] = []
@@ -22,6 +29,11 @@ class NavBar(Static):
             style = "bold reverse " if mode == self.current else ""
             markup = f"[{style}@click=app.show('{mode}')]$label[/]"
             parts.append(Content.from_markup(markup, label=label))
+            parts.append(" ")
+        for number, (mode, title) in enumerate(self.absent, start=len(self.screens) + 1):
+            # Shown dimmed so that its key is not a mystery; choosing it says what it needs.
+            markup = f"[dim @click=app.show('{mode}')]$label[/]"
+            parts.append(Content.from_markup(markup, label=f" {number} {title} "))
             parts.append(" ")
         parts.append(Content.from_markup("[dim] │ $title[/]", title=self.title))
         self.update(Content.assemble(*parts))
