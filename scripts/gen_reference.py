@@ -48,11 +48,15 @@ def prose(text: str) -> str:
 # ----------------------------------------------------------------------------- the commands
 
 
-def subcommands() -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
-    """(name, one-line help, parser) of every ``dctms`` subcommand in the order ``dctms -h`` lists."""
+def main_parser() -> argparse.ArgumentParser:
     from dctms.cli.main import build_parser
 
-    parser = build_parser()
+    return build_parser()
+
+
+def subcommands() -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
+    """(name, one-line help, parser) of every ``dctms`` subcommand in the order ``dctms -h`` lists."""
+    parser = main_parser()
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
     for name, sub in action.choices.items():
@@ -121,14 +125,32 @@ def command_page(title: str, summary: str, parser: argparse.ArgumentParser, sour
     return "".join(lines).rstrip("\n") + "\n"
 
 
+def options_table(parser: argparse.ArgumentParser) -> list[str]:
+    """The options of ``parser`` itself (not its subcommands), as a table."""
+    actions = [
+        a
+        for a in parser._actions
+        if a.option_strings and not isinstance(a, argparse._HelpAction) and a.help is not argparse.SUPPRESS
+    ]
+    if not actions:
+        return []
+    rows = [f"| {argument_name(a)} | {argument_help(parser, a)} |\n" for a in actions]
+    return ["| option | meaning |\n|---|---|\n", *rows, "\n"]
+
+
 def command_pages() -> dict[str, str]:
     pages: dict[str, str] = {}
     index = [
         HEADER.format(source="dctms.cli.main.build_parser"),
         "# Command line\n\n",
         "Every `dctms` subcommand, as `dctms COMMAND --help` describes it. Exit status everywhere: "
-        "0 success, 1 the answer is no (a plan over budget, stale, or over a limit), 2 bad input "
-        "(a one-line message naming the problem).\n\n",
+        "0 done; 1 a threshold not met (a plan over its budget, stale, or past a limit); 2 bad "
+        "input, one line naming the problem; 3 `run`: MLX's observed peak above the provable "
+        "peak; 70 an internal error (a bug in dctms; `DCTMS_DEBUG=1` shows where); 130 "
+        "interrupted.\n\n",
+        f"```\n{main_parser().format_usage().strip()}\n```\n\n",
+        *options_table(main_parser()),
+        "## Commands\n\n",
         "| command | what it does |\n|---|---|\n",
     ]
     for name, summary, parser in subcommands():

@@ -1,5 +1,6 @@
 """The request-field table (serve.fields): every field the `openai` client can send is in it, each
-is honoured, ignored or refused with a 400 naming it as the table says, and the README shows it."""
+is honoured, ignored or refused with a 400 naming it as the table says, and the serving guide
+(docs/how-to/serving.md) shows it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ openai = pytest.importorskip("openai")
 from openai.types import completion_create_params as completion_params  # noqa: E402
 from openai.types.chat import completion_create_params as chat_params  # noqa: E402
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+SERVING = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "serving.md"
 
 # A value that asks for the feature, for every field the table refuses (greedy or not).
 ASKING = {
@@ -113,5 +114,5 @@ def test_honoured_fields_reach_the_request():
     assert _parse("completions", stop=None).stop == () and _parse("completions", stop=[]).stop == ()
 
 
-def test_the_readme_shows_the_table():
-    assert fields_markdown() in README.read_text(encoding="utf-8")
+def test_the_serving_guide_shows_the_table():
+    assert fields_markdown() in SERVING.read_text(encoding="utf-8")

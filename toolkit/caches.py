@@ -42,7 +42,7 @@ QUANT_PARTS = ("", ".scales", ".biases")  # packed words, scales, biases (mx.qua
 
 
 # Every cache class mlx-lm 0.32's models make, and what a plan does with it: "planned", or the one
-# line that says why it is refused. README's "Caches" table is tested against this.
+# line that says why it is refused. The docs' cache table (docs/how-to/caches.md) is tested against this.
 CACHE_SUPPORT: dict[str, str] = {
     "KVCache": "planned: a static cache of N + M (+ padded prompt) positions",
     "QuantizedKVCache": "planned with --kv-bits 4 or 8, --kv-group-size 32, 64 or 128, "
