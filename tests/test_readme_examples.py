@@ -78,12 +78,19 @@ def test_an_elision_stands_for_whole_lines_only() -> None:
     assert not matches("first\nlast\n", actual)  # without the marker, nothing is left out
 
 
-EXAMPLES = examples()
+# Examples of commands that compile (seconds to a minute each) run with the tests marked slow.
+SLOW_COMMANDS = {"compile", "fit", "explain", "check"}
+EXAMPLES = [
+    pytest.param(
+        page, command, expected,
+        id=f"{page}: {command[:60]}",
+        marks=[pytest.mark.slow] if shlex.split(command)[1] in SLOW_COMMANDS else [],
+    )  # fmt: skip
+    for page, command, expected in examples()
+]
 
 
-@pytest.mark.parametrize(
-    "page,command,expected", EXAMPLES, ids=[f"{p}: {c[:60]}" for p, c, _ in EXAMPLES]
-)
+@pytest.mark.parametrize("page,command,expected", EXAMPLES)
 def test_readme_example_output_is_current(page: str, command: str, expected: str) -> None:
     argv = shlex.split(command)
     assert argv[0] == "dctms", command
