@@ -70,11 +70,11 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 
 
 # Words a reader outside the project cannot follow: the project's issue numbers, its private notes.
-INSIDER = re.compile(r"\bissues? #?\d+\b|shared/|DESIGN\.md", re.I)
+INSIDER = re.compile(r"(?i:\bissues? #?\d+\b)|shared/|DESIGN\.md")
 
 
 def test_docs_use_no_insider_references() -> None:
-    pages = sorted((ROOT / "docs").rglob("*.md"))
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     found = [
         f"{page.relative_to(ROOT)}:{n}: {m.group(0)}"
         for page in pages
@@ -82,3 +82,16 @@ def test_docs_use_no_insider_references() -> None:
         for m in INSIDER.finditer(line)
     ]
     assert found == []
+
+
+def test_the_readme_is_a_five_minute_read_that_starts_with_the_two_commands() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move reference material to docs/"
+    block = lines[lines.index("```") + 1 : lines.index("```") + 3]
+    assert [line.split()[:2] for line in block] == [["make", "demo"], ["make", "test"]]
+
+
+def test_every_docs_page_the_readme_links_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\((docs/[^)#]+)", readme)
+    assert links and all((ROOT / link).is_file() for link in links), links
