@@ -20,7 +20,8 @@ compile is split into the compiler's steps, measured by wrapping the passes' fun
 It also times the whole `dctms compile` command in a fresh process (interpreter start and
 imports included) and checks that the plan it writes is byte-identical to the in-process one.
 The length points are checked by DCTMS_COMPILE_JOBS forked workers (default: every core, Linux).
-Times are wall-clock seconds; the load average is printed, since a shared machine inflates them.
+Times are seconds of wall clock and of CPU (this process's threads and its finished workers), and
+the load average is printed: on a shared machine the wall clock is inflated, the CPU much less so.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -39,26 +41,38 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("trace", "lengths", "lifetimes", "pack", "verify", "emit", "other")
 
 
+def _clocks() -> tuple[float, float]:
+    """(wall, CPU) seconds; CPU counts this process's threads and its finished workers."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), time.process_time() + children.ru_utime + children.ru_stime
+
+
 def _measure(config: str, n: int, m: int, warm: int) -> dict:
     """In this (fresh) process: import time, then per-step times of 1 + ``warm`` compiles."""
-    t0 = time.perf_counter()
+    start = _clocks()
     from dctms.schema.io import encode_plan
     from dctms.schema.model_folder import open_model
     from dctms.toolkit import caches, compiler
     from dctms.toolkit.compiler import CompileOptions, compile_plan
 
-    imports = time.perf_counter() - t0
-    spent: dict[str, float] = {}
+    imports = [b - a for a, b in zip(start, _clocks(), strict=True)]
+    spent: dict[str, list[float]] = {}
+
+    def add(key: str, since: tuple[float, float]) -> None:
+        now = _clocks()
+        got = spent.setdefault(key, [0.0, 0.0])
+        for k in range(2):
+            got[k] += now[k] - since[k]
 
     def timed(module, name: str, key: str) -> None:
         inner = getattr(module, name)
 
         def wrapper(*args, **kwargs):
-            start = time.perf_counter()
+            since = _clocks()
             try:
                 return inner(*args, **kwargs)
             finally:
-                spent[key] = spent.get(key, 0.0) + time.perf_counter() - start
+                add(key, since)
 
         setattr(module, name, wrapper)
 
@@ -77,33 +91,40 @@ def _measure(config: str, n: int, m: int, warm: int) -> dict:
     runs = []
     for _ in range(1 + warm):
         spent.clear()
-        start = time.perf_counter()
+        since = _clocks()
         plan = compile_plan(open_model(config), CompileOptions(n, m))
-        t = time.perf_counter()
+        t = _clocks()
         data = encode_plan(plan)
-        spent["emit"] = spent.get("emit", 0.0) + time.perf_counter() - t
-        total = time.perf_counter() - start
-        steps = {
-            "trace": spent.get("trace_all", 0.0) - spent.get("fits", 0.0),
-            "lengths": spent.get("fits", 0.0) + spent.get("points", 0.0),
-            "lifetimes": spent.get("lifetimes", 0.0),
-            "pack": spent.get("pack", 0.0),
-            "verify": spent.get("verify", 0.0),
-            "emit": spent.get("emit", 0.0),
-        }
-        steps["other"] = total - sum(steps.values())
-        runs.append({"total": total, "steps": steps, "sha256": hashlib.sha256(data).hexdigest()})
-    return {"imports": imports, "runs": runs}
+        add("emit", t)
+        add("total", since)
+        runs.append({"sha256": hashlib.sha256(data).hexdigest()})
+        for k, clock in enumerate(("wall", "cpu")):
+
+            def get(key: str, k: int = k) -> float:
+                return spent.get(key, [0.0, 0.0])[k]
+
+            steps = {
+                "trace": get("trace_all") - get("fits"),
+                "lengths": get("fits") + get("points"),
+                "lifetimes": get("lifetimes"),
+                "pack": get("pack"),
+                "verify": get("verify"),
+                "emit": get("emit"),
+            }
+            steps["other"] = get("total") - sum(steps.values())
+            runs[-1][clock] = {"total": get("total"), "imports": imports[k], "steps": steps}
+    return {"runs": runs}
 
 
-def _cli_time(config: str, n: int, m: int, out: Path) -> float:
-    start = time.perf_counter()
+def _cli_time(config: str, n: int, m: int, out: Path) -> tuple[float, float]:
+    start = _clocks()
     subprocess.run(
         [sys.executable, "-m", "dctms.cli.main", "compile", config, "-N", str(n), "-M", str(m)]
         + ["-o", str(out), "-q"],
         check=True,
     )
-    return time.perf_counter() - start
+    end = _clocks()
+    return end[0] - start[0], end[1] - start[1]
 
 
 def main() -> None:
@@ -118,9 +139,13 @@ def main() -> None:
         print(json.dumps(_measure(args.one, args.N, args.M, args.warm)))
         return
     configs = args.configs or [str(p) for p in sorted((ROOT / "plans/configs").glob("*.json"))]
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; wall seconds")
     print(
-        f"{'config':<34}{'run':<6}{'total':>7}{'imports':>8}" + "".join(f"{s:>10}" for s in STEPS)
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; seconds, wall and CPU "
+        f"(this process and its workers; on a busy machine wall >> CPU); "
+        f"workers: DCTMS_COMPILE_JOBS={os.environ.get('DCTMS_COMPILE_JOBS', 'all cores')}"
+    )
+    print(
+        f"{'config':<28}{'run':<10}{'total':>7}{'imports':>8}" + "".join(f"{s:>10}" for s in STEPS)
     )
     for config in configs:
         out = subprocess.run(
@@ -131,21 +156,23 @@ def main() -> None:
             text=True,
         )
         result = json.loads(out.stdout.strip().splitlines()[-1])
-        name = Path(config).stem
+        name = Path(config).stem[:27]
         for k, run in enumerate(result["runs"]):
-            label = "cold" if k == 0 else "warm"
-            imports = f"{result['imports']:>8.2f}" if k == 0 else f"{'':>8}"
-            print(
-                f"{name:<34}{label:<6}{run['total']:>7.2f}{imports}"
-                + "".join(f"{run['steps'][s]:>10.2f}" for s in STEPS)
-            )
+            for clock in ("wall", "cpu"):
+                r = run[clock]
+                label = f"{'cold' if k == 0 else 'warm'} {clock}"
+                imports = f"{r['imports']:>8.2f}" if k == 0 else f"{'':>8}"
+                print(
+                    f"{name:<28}{label:<10}{r['total']:>7.2f}{imports}"
+                    + "".join(f"{r['steps'][s]:>10.2f}" for s in STEPS)
+                )
         with tempfile.TemporaryDirectory() as tmp:
             plan = Path(tmp) / "plan"
-            cli = _cli_time(config, args.N, args.M, plan)
+            wall, cpu = _cli_time(config, args.N, args.M, plan)
             digest = hashlib.sha256(plan.read_bytes()).hexdigest()
         same = {digest} == {run["sha256"] for run in result["runs"]}
         print(
-            f"{name:<34}`dctms compile` in a fresh process: {cli:.2f} s; "
+            f"{name:<28}`dctms compile` in a fresh process: {wall:.2f} s wall, {cpu:.2f} s CPU; "
             f"plans {'identical' if same else 'DIFFER'} across runs"
         )
 
