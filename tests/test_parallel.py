@@ -36,8 +36,10 @@ def test_few_items_or_one_job_stay_in_this_process() -> None:
 
 
 def test_the_environment_sets_the_workers(monkeypatch) -> None:
-    monkeypatch.setenv("DCTMS_COMPILE_JOBS", "3")
-    assert default_jobs() == 3
+    monkeypatch.delenv("DCTMS_COMPILE_JOBS", raising=False)
+    assert default_jobs() == 1  # opt-in: no forked workers unless asked
+    monkeypatch.setenv("DCTMS_COMPILE_JOBS", "2")
+    assert default_jobs() == min(2, len(os.sched_getaffinity(0)))
     monkeypatch.setenv("DCTMS_COMPILE_JOBS", "0")
     assert default_jobs() == 1
     monkeypatch.setenv("DCTMS_COMPILE_JOBS", "many")
