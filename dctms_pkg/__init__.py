@@ -225,6 +225,7 @@ def fit(
     rank: int = 0,
     parallel: Literal["pipeline", "tensor"] | None = None,
     split: tuple[int, ...] | None = None,
+    sampling: bool = False,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
@@ -273,6 +274,7 @@ def fit(
         rank=rank,
         parallel=parallel,
         split=split,
+        sampling=sampling,
     )
     if ranks > 1:
         from dctms.toolkit.distributed import widest_rank as _compile  # noqa: F811
