@@ -109,6 +109,7 @@ def compile_plan(
     rank: int = 0,
     parallel: Literal["pipeline", "tensor"] | None = None,
     split: tuple[int, ...] | None = None,
+    sampling: bool = False,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -127,7 +128,9 @@ def compile_plan(
     ``window_step`` set their grid (``dctms compile --token-step/--window-step``). ``ranks`` > 1
     with ``parallel`` compiles rank ``rank`` of the model split by mlx-lm's ``pipeline`` (``split``:
     layers per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every
-    rank's. ``progress`` receives one line per compiler pass. Weights are never loaded.
+    rank's. ``sampling`` is ``--sampling``: mlx-lm's sampler, logits processors and the top
+    log-probabilities traced into the plan (per-call settings; see ``dctms run --help``).
+    ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
     from dctms.figures.budget import shortfall
     from dctms.schema.model_folder import open_model
@@ -158,6 +161,7 @@ def compile_plan(
         rank=rank,
         parallel=parallel,
         split=split,
+        sampling=sampling,
     )
     plan = _compile(open_model(model), options, progress)
     short = shortfall(plan.envelope)
@@ -221,6 +225,7 @@ def fit(
     rank: int = 0,
     parallel: Literal["pipeline", "tensor"] | None = None,
     split: tuple[int, ...] | None = None,
+    sampling: bool = False,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
@@ -269,6 +274,7 @@ def fit(
         rank=rank,
         parallel=parallel,
         split=split,
+        sampling=sampling,
     )
     if ranks > 1:
         from dctms.toolkit.distributed import widest_rank as _compile  # noqa: F811

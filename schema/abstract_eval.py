@@ -300,6 +300,17 @@ def _is_int(dtype: str) -> bool:
     return dtype.startswith(_INT)
 
 
+def _dtype_range(dtype: str) -> Range:
+    """The values an integer dtype holds (None: not an integer dtype this knows)."""
+    if dtype == "bool":
+        return 0, 1
+    for kind, signed in (("uint", False), ("int", True)):
+        if dtype.startswith(kind) and dtype[len(kind):].isdigit():
+            bits = int(dtype[len(kind):])
+            return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+    return None
+
+
 def _union(ranges: Sequence[Range]) -> Range:
     if not ranges or any(r is None for r in ranges):
         return None
@@ -318,6 +329,10 @@ def _value_range(prim: str, args: list, ranges: list[Range], out_dtype: str) -> 
         return _union(ranges[:1] if prim not in ("Concatenate",) else ranges)
     if prim == "Select" and len(ranges) == 3:
         return _union(ranges[1:])
+    if prim in ("Minimum", "Maximum") and len(ranges) == 2 and None in ranges:
+        # an unknown operand still lies in its dtype (the output's): a clamp bounds the result
+        full = _dtype_range(out_dtype)
+        ranges = [full if r is None else r for r in ranges]
     if len(ranges) == 2 and ranges[0] is not None and ranges[1] is not None:
         (a, b), (c, d) = ranges
         if prim == "Add":
@@ -523,10 +538,29 @@ def _evaluate_op(k, op, places: PointPlaces, recorded, ins) -> tuple[list, list]
     result = []
     for s, (_, dtype) in zip(inferred, outs, strict=True):
         result.append((s, _value_range(op.primitive, args, ranges_in, dtype)))
-    if op.primitive == "ArgReduce" and shapes_in and result:
-        size = shapes_in[0][_axis(args[1], len(shapes_in[0]))]
+    if op.primitive == "Reduce" and shapes_in and result and ranges_in and ranges_in[0]:
+        result[0] = (result[0][0], _reduced_range(args, shapes_in[0], ranges_in[0]))
+    if op.primitive in ("ArgReduce", "ArgSort", "ArgPartition") and shapes_in and result:
+        # an index along the axis (ArgReduce: [type, axis]; ArgSort: [axis]; ArgPartition:
+        # [kth, axis])
+        axis = args[0] if op.primitive == "ArgSort" else args[1]
+        size = shapes_in[0][_axis(axis, len(shapes_in[0]))]
         result[0] = (result[0][0], (0, max(0, size - 1)))
     return args, result
+
+
+def _reduced_range(args: list, shape: Shape, r: tuple[int, int]) -> Range:
+    """An integer Reduce's range: ``args`` = [type, axes], MLX's Reduce::ReduceType And, Or, Sum,
+    Prod, Min, Max; a sum of n values in [a, b] lies in [n a, n b]."""
+    kind, axes = args[0], args[1]
+    n = math.prod(shape[_axis(a, len(shape))] for a in axes)
+    if kind in (0, 1):
+        return 0, 1
+    if kind == 2:
+        return n * r[0], n * r[1]
+    if kind in (4, 5):
+        return r
+    return None
 
 
 def _arange_shape(args: list) -> Shape:

@@ -17,7 +17,9 @@ integer tensor can hold) and requires:
 The values the runner feeds (``RUNTIME_RANGES``) are bounded by the runner itself, at run time:
 token ids below ``model.vocab_size`` (``dctms.runner.request``), the write position at most
 ``bounds.kv_capacity`` minus the phase's tokens (``runner.session.check_allocation``), the last
-row below the call's tokens, a features-table row below ``vision.feature_rows``. Position writes
+row below the call's tokens, a features-table row below ``vision.feature_rows``, and a sampling
+plan's ``recent`` and ``bias_ids`` ids below ``vocab_size``, ``top_k`` below it and ``context``
+within the window (``runner.sampling``'s checks). Position writes
 into the KV cache (``access.state_writes``: plain, ring or clamped) are the ``state_capacity``
 rule's; every other index -- a constant, or arithmetic on these values -- is this rule's.
 """
@@ -30,6 +32,7 @@ from dctms.schema.abstract_eval import EvalError, OpAt, Range, evaluate
 from dctms.schema.access import state_writes
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.rules_runner import RESULT, runnable
+from dctms.schema.sampling import samples
 
 Finding = tuple[str, str]
 
@@ -49,6 +52,12 @@ def runtime_ranges(ix: PlanIndex, px: PhaseIndex, point) -> dict[str, Range]:
         "position": (0, max(0, plan.bounds.kv_capacity - phase.tokens)),
         "last_index": (0, max(0, tokens - 1)),
     }
+    if samples(plan):  # compile --sampling: runner.sampling checks each before it feeds it
+        vocab = (0, plan.model.vocab_size - 1)
+        recent = next((b for b in phase.inputs if b.name == "recent"), None)
+        window = recent.shape[0] if recent is not None and recent.shape else 1
+        # the window holds prompt ids (validated) and fed-back tokens (proven below vocab_size)
+        ranges.update(recent=vocab, bias_ids=vocab, top_k=vocab, context=(1, window))
     if plan.vision is not None:
         v = plan.vision
         ranges["image_rows"] = (0, v.feature_rows - 1)

@@ -15,8 +15,10 @@ Arena tenants t0 [0,2], t2 [2,3], t3 [3,4], out [4,4] (alignment 64): buffer 0 =
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -201,3 +203,24 @@ def plan_file(tmp_path: Path, tiny_plan: Plan) -> Path:
     path = tmp_path / "tiny.plan"
     write_plan(tiny_plan, path)
     return path
+
+
+@pytest.fixture(scope="session")
+def cli_compile(tmp_path_factory):
+    """``dctms compile CONFIG ARGS... -o PLAN`` in a fresh process, run once per session for each
+    distinct (config bytes, arguments): tests that need the same compile share it (the checked-in
+    7B plan takes seconds). Returns (the finished process, the plan's path); never write to it."""
+    done: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
+
+    def compiled(config: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+        key = hashlib.sha256(config.read_bytes() + "\0".join(args).encode()).hexdigest()
+        if key not in done:
+            out = tmp_path_factory.mktemp("cli-compile") / "compiled.plan"
+            argv = [sys.executable, "-m", "dctms.cli.main", "compile", str(config), *args]
+            proc = subprocess.run(
+                [*argv, "-o", str(out)], capture_output=True, text=True, check=False
+            )
+            done[key] = (proc, out)
+        return done[key]
+
+    return compiled

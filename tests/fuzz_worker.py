@@ -177,3 +177,29 @@ def main_loop() -> None:
 
 if __name__ == "__main__":
     main_loop()
+
+
+def check_in_subprocess(case, root: Path, fixtures: Path, allowed: dict, one_line=lambda c: True):
+    """Run one fuzz ``case`` as a real ``dctms`` subprocess in a folder of its own under ``root``:
+    no signal, an allowed exit status, no traceback, a one-line refusal (where ``one_line(case)``)
+    and the shared fixtures untouched."""
+    import subprocess
+
+    folder = root / f"case{case.id}"
+    folder.mkdir()
+    for name, content in case.files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(base64.b64decode(content))
+    argv = [a.replace("{d}", str(folder)).replace("{f}", str(fixtures)) for a in case.argv]
+    before = snapshot(fixtures)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dctms.cli.main", *argv],
+        capture_output=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    stderr = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode >= 0, (case.argv, "signal", -proc.returncode)
+    assert proc.returncode in allowed[case.command], (case.argv, proc.returncode, stderr)
+    assert "Traceback" not in stderr, (case.argv, stderr)
+    if proc.returncode == 2 and one_line(case):
+        assert len(stderr.splitlines()) == 1, (case.argv, stderr)
+    assert snapshot(fixtures) == before

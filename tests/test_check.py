@@ -30,12 +30,23 @@ def write_config(folder: Path, **changes) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def compiled_once(tmp_path_factory) -> bytes:
+    """The plan `dctms compile` writes for the tiny config with N=16, M=8: compiled once for the
+    module (the plan holds no path), copied into each test's folder by ``compiled``."""
+    folder = tmp_path_factory.mktemp("check-compiled")
+    config = write_config(folder / "model")
+    plan = folder / "compiled.plan"
+    assert cli(["compile", str(config), "-N", "16", "-M", "8", "-q", "-o", str(plan)]) == 0
+    return plan.read_bytes()
+
+
 @pytest.fixture
-def compiled(tmp_path: Path) -> tuple[Path, Path]:
-    """(config.json, plan compiled from it with N=16, M=8) in tmp_path."""
+def compiled(tmp_path: Path, compiled_once: bytes) -> tuple[Path, Path]:
+    """(config.json, plan compiled from it with N=16, M=8) in tmp_path, the test's own copy."""
     config = write_config(tmp_path / "model")
     plan = tmp_path / "compiled.plan"
-    assert cli(["compile", str(config), "-N", "16", "-M", "8", "-q", "-o", str(plan)]) == 0
+    plan.write_bytes(compiled_once)
     return config, plan
 
 
@@ -95,6 +106,7 @@ def test_fresh_plan_is_ok(compiled, capsys) -> None:
     assert dctms.check_plan(plan).ok
 
 
+@pytest.mark.slow  # re-compiles both checked-in plans (the 7B's real-length points included)
 def test_checked_in_plans_are_up_to_date(capsys) -> None:
     plans = sorted(str(p) for p in (ROOT / "plans").glob("*.plan"))
     assert plans and cli(["check", *plans]) == 0, capsys.readouterr().err

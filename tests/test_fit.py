@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from pathlib import Path
@@ -30,6 +31,9 @@ def tiny(tmp_path_factory) -> Path:
     return write_config(tmp_path_factory.mktemp("fit") / "tiny")
 
 
+# Each (folder, N, M[, chunk]) is compiled once per session: a certificate often repeats the
+# compile its test's budget came from (the folders are never changed).
+@functools.cache
 def m_max(folder: Path, n: int, m: int) -> int:
     return compile_plan(open_model(folder), CompileOptions(n, m)).envelope.total
 
@@ -207,6 +211,7 @@ def test_missing_model_exit_2(tmp_path, capsys):
 # --------------------------------------------------------------------------- --search chunk
 
 
+@functools.cache
 def m_max_at(folder: Path, n: int, m: int, chunk: int) -> int:
     return compile_plan(
         open_model(folder), CompileOptions(n, m, prefill_chunk=chunk)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import make_tiny_plan
 from fuzz_cases import ALLOWED, cases
-from fuzz_worker import snapshot
+from fuzz_worker import check_in_subprocess
 
 HERE = Path(__file__).parent
 COUNT = int(os.environ.get("DCTMS_FUZZ_CASES", "10000"))
@@ -122,28 +122,8 @@ def test_fuzz_sample_as_subprocesses(fixtures, tmp_path):
     data = {n: (fixtures / n).read_bytes() for n in ("small.plan", "tiny.plan")}
     data["config.json"] = (fixtures / "model" / "config.json").read_bytes()
     data["model.safetensors"] = (fixtures / "model" / "model.safetensors").read_bytes()
-    import base64
 
     sample = [c for c in cases(SEED + 1, 400, data) if c.command != "bench"][::33][:SUBPROCESS_SAMPLE]
     assert len(sample) == SUBPROCESS_SAMPLE
     for case in sample:
-        folder = tmp_path / f"case{case.id}"
-        folder.mkdir()
-        for name, content in case.files.items():
-            (folder / name).parent.mkdir(parents=True, exist_ok=True)
-            (folder / name).write_bytes(base64.b64decode(content))
-        argv = [a.replace("{d}", str(folder)).replace("{f}", str(fixtures)) for a in case.argv]
-        before = snapshot(fixtures)
-        proc = subprocess.run(
-            [sys.executable, "-m", "dctms.cli.main", *argv],
-            capture_output=True,
-            timeout=300,
-            stdin=subprocess.DEVNULL,
-        )
-        stderr = proc.stderr.decode("utf-8", "replace")
-        assert proc.returncode >= 0, (case.argv, "signal", -proc.returncode)
-        assert proc.returncode in ALLOWED[case.command], (case.argv, proc.returncode, stderr)
-        assert "Traceback" not in stderr, (case.argv, stderr)
-        if proc.returncode == 2 and case.command != "validate":
-            assert len(stderr.splitlines()) == 1, (case.argv, stderr)
-        assert snapshot(fixtures) == before
+        check_in_subprocess(case, tmp_path, fixtures, ALLOWED, lambda c: c.command != "validate")

@@ -10,7 +10,6 @@ fuzzer whose every case is refused at the first byte tests nothing). ``DCTMS_FUZ
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 from fuzz_cases import ALLOWED
 from fuzz_inputs import LLAMA, VLM_FAMILIES, cases
-from fuzz_worker import snapshot
+from fuzz_worker import check_in_subprocess
 
 HERE = Path(__file__).parent
 COUNT = int(os.environ.get("DCTMS_FUZZ_INPUT_CASES", "4200"))
@@ -132,22 +131,4 @@ def test_fuzz_inputs_sample_as_subprocesses(fixtures, tmp_path) -> None:
         if case.command in sample and not sample[case.command]:
             sample[case.command].append(case)
     for case in [c for group in sample.values() for c in group]:
-        folder = tmp_path / f"case{case.id}"
-        folder.mkdir()
-        for name, content in case.files.items():
-            (folder / name).write_bytes(base64.b64decode(content))
-        argv = [a.replace("{d}", str(folder)).replace("{f}", str(fixtures)) for a in case.argv]
-        before = snapshot(fixtures)
-        proc = subprocess.run(
-            [sys.executable, "-m", "dctms.cli.main", *argv],
-            capture_output=True,
-            timeout=300,
-            stdin=subprocess.DEVNULL,
-        )
-        stderr = proc.stderr.decode("utf-8", "replace")
-        assert proc.returncode >= 0, (case.argv, "signal", -proc.returncode)
-        assert proc.returncode in ALLOWED[case.command], (case.argv, proc.returncode, stderr)
-        assert "Traceback" not in stderr, (case.argv, stderr)
-        if proc.returncode == 2:
-            assert len(stderr.splitlines()) == 1, (case.argv, stderr)
-        assert snapshot(fixtures) == before
+        check_in_subprocess(case, tmp_path, fixtures, ALLOWED)

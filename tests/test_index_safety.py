@@ -152,3 +152,19 @@ def test_a_generated_id_past_the_vocabulary_is_refused(plans, tmp_path) -> None:
 
     edited = edit_plan(plans["text"], tmp_path / "edited.plan", edit)
     assert_invalid(cli("validate", str(edited)), "ranges over [0, 256], outside [0, 199]")
+
+
+def test_value_ranges_of_sorts_counts_and_clamps() -> None:
+    """The ranges that prove a sampling plan's gathers: an argsort's ids lie along its axis, an
+    integer sum of n values in [a, b] lies in [n a, n b], and a clamp of an unknown unsigned value
+    by a known one is bounded by it (and by its dtype's zero); an unknown signed one is not
+    bounded below by the clamp."""
+    from dctms.schema.abstract_eval import _dtype_range, _reduced_range, _value_range
+
+    assert _reduced_range([2, [1]], (1, 257), (0, 1)) == (0, 257)  # a count of booleans
+    assert _reduced_range([2, [0, 1]], (2, 3), (-1, 4)) == (-6, 24)
+    assert _reduced_range([5, [1]], (1, 9), (3, 7)) == (3, 7)
+    assert _dtype_range("uint32") == (0, 2**32 - 1) and _dtype_range("float32") is None
+    assert _value_range("Minimum", [], [None, (256, 256)], "uint32") == (0, 256)
+    assert _value_range("Minimum", [], [None, (256, 256)], "int32") == (-(2**31), 256)
+    assert _value_range("Minimum", [], [None, (256, 256)], "float32") is None

@@ -30,7 +30,8 @@ import math
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from dctms.toolkit.lifetimes import CPU_RULES, MemoryRules, PhaseLives, analyse
+from dctms.toolkit.lifetimes import CPU_RULES, MemoryRules, PhaseLives, analyse, graph_facts
+from dctms.toolkit.parallel import parallel_map
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedBinding, TracedPhase, TracedTensor
 
@@ -189,27 +190,39 @@ def evaluate(f: Affine, point: Sequence[int]) -> int:
 
 def instantiate(phase: TracedPhase, lf: LengthFit, point: Sequence[int]) -> TracedPhase:
     """The phase as the runner will build it at ``point``: arguments and shapes evaluated."""
+    values: dict[Affine, int] = {}  # a fit has few distinct functions and thousands of places
+
+    def value(f: Affine) -> int:
+        v = values.get(f)
+        if v is None:
+            v = values[f] = evaluate(f, point)
+        return v
 
     def shape(tid: str, old: tuple[int, ...]) -> tuple[int, ...]:
-        dims = lf.shapes.get(tid)
-        if not dims:
-            return old
-        return tuple(evaluate(dims[d], point) if d in dims else n for d, n in enumerate(old))
+        dims = lf.shapes[tid]
+        return tuple(value(dims[d]) if d in dims else n for d, n in enumerate(old))
 
-    ops = []
-    for i, op in enumerate(phase.ops):
-        changes = {
-            path: _typed(evaluate(f, point), (i, path) in lf.floats)
-            for (j, path), f in lf.args.items()
-            if j == i
-        }
-        ops.append(replace(op, args=_set_leaves(op.args, changes)) if changes else op)
-    tensors = {t: TracedTensor(t, shape(t, x.shape), x.dtype) for t, x in phase.tensors.items()}
+    # Only the ops, tensors and bindings the fit names change; the rest are the bound's, shared.
+    by_op: dict[int, dict[tuple[int, ...], int | float]] = {}
+    for (i, path), f in lf.args.items():
+        by_op.setdefault(i, {})[path] = _typed(value(f), (i, path) in lf.floats)
+    ops = list(phase.ops)
+    for i, changes in by_op.items():
+        ops[i] = replace(ops[i], args=_set_leaves(ops[i].args, changes))
+    tensors = dict(phase.tensors)
+    for t in lf.shapes:
+        x = tensors.get(t)
+        if x is not None:
+            tensors[t] = TracedTensor(t, shape(t, x.shape), x.dtype)
+
+    def bindings(bs: list[TracedBinding]) -> list[TracedBinding]:
+        return [replace(b, shape=shape(b.id, b.shape)) if b.id in lf.shapes else b for b in bs]
+
     return replace(
         phase,
         tokens=point[lf.names.index(TOKENS)] if TOKENS in lf.names else phase.tokens,
-        inputs=[replace(b, shape=shape(b.id, b.shape)) for b in phase.inputs],
-        outputs=[replace(b, shape=shape(b.id, b.shape)) for b in phase.outputs],
+        inputs=bindings(phase.inputs),
+        outputs=bindings(phase.outputs),
         ops=ops,
         tensors=tensors,
     )
@@ -222,19 +235,26 @@ def verified_points(
     bound_lives: PhaseLives,
     candidates: Sequence[tuple[int, ...]],
     rules: MemoryRules = CPU_RULES,
+    jobs: int | None = None,
 ) -> tuple[list[tuple[int, ...]], list[str]]:
     """The candidates at which the lifetime pass gives the bound's decisions with sizes no larger
-    (point 3 of the module docstring), the bound first; and why each other one was dropped."""
+    (point 3 of the module docstring), the bound first; and why each other one was dropped.
+    The points are independent: ``jobs`` processes check them (``toolkit.parallel``)."""
+    todo = [tuple(p) for p in candidates if tuple(p) != lf.bound]
+    facts = graph_facts(phase, sched, rules)  # the same at every point: lengths change sizes only
+    work = (phase, lf, sched, bound_lives, rules, facts)
     kept, dropped = [lf.bound], []
-    for point in candidates:
-        if tuple(point) == lf.bound:
-            continue
-        why = _differs(bound_lives, analyse(instantiate(phase, lf, point), sched, rules))
+    for point, why in zip(todo, parallel_map(_why_not, work, todo, jobs), strict=True):
         if why:
             dropped.append(f"{point}: {why}")
         else:
-            kept.append(tuple(point))
+            kept.append(point)
     return kept, dropped
+
+
+def _why_not(work: tuple, point: tuple[int, ...]) -> str:
+    phase, lf, sched, bound_lives, rules, facts = work
+    return _differs(bound_lives, analyse(instantiate(phase, lf, point), sched, rules, facts))
 
 
 def prefill_candidates(

@@ -36,6 +36,7 @@ that set, mlx/backend/cpu/eval.cpp). Any donation left out of the plan only lowe
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
@@ -78,11 +79,20 @@ class PhaseLives:
     dispatches: list[int]
 
 
-def analyse(phase: TracedPhase, sched: Schedule, rules: MemoryRules = CPU_RULES) -> PhaseLives:
-    """Pass 3 on one phase, under ``rules``."""
-    ops = phase.ops
-    order = sched.order
-    n = len(order)
+@dataclass(frozen=True)
+class GraphFacts:
+    """What pass 3 needs of a phase's graph and schedule alone, not of its sizes: the same for the
+    phase instantiated at any length (``toolkit.lengths``), so computed once for all of them."""
+
+    slot_of: list[int]  # slot of each execution position
+    segment_end: list[int]  # last execution position of each position's segment
+    donors: frozenset[str]  # tensors MLX may donate, as far as the graph and sync points say
+    in_dtypes: list[list[str]]  # per execution position, its op's input dtypes
+    out_dtypes: list[list[str]]
+
+
+def graph_facts(phase: TracedPhase, sched: Schedule, rules: MemoryRules = CPU_RULES) -> GraphFacts:
+    n = len(sched.order)
     slot_of = [0] * n
     for s, positions in enumerate(sched.slots):
         for p in positions:
@@ -94,6 +104,32 @@ def analyse(phase: TracedPhase, sched: Schedule, rules: MemoryRules = CPU_RULES)
         for q in range(p, end + 1):
             segment_end[q] = end
         p = end + 1
+    dtype = {t: x.dtype for t, x in phase.tensors.items()}
+    ops = [phase.ops[i] for i in sched.order]
+    return GraphFacts(
+        slot_of,
+        segment_end,
+        frozenset(_sole_reads(phase, sched) if rules.donation else ()),
+        [[dtype[t] for t in op.inputs] for op in ops],
+        [[dtype[t] for t in op.outputs] for op in ops],
+    )
+
+
+def analyse(
+    phase: TracedPhase,
+    sched: Schedule,
+    rules: MemoryRules = CPU_RULES,
+    facts: GraphFacts | None = None,
+) -> PhaseLives:
+    """Pass 3 on one phase, under ``rules``; ``facts``: ``graph_facts`` of a phase with the same
+    graph and schedule (computed here when not given)."""
+    if facts is None:
+        facts = graph_facts(phase, sched, rules)
+    ops = phase.ops
+    order = sched.order
+    n = len(order)
+    slot_of, segment_end, donors = facts.slot_of, facts.segment_end, facts.donors
+    tensors = phase.tensors
 
     layout: dict[str, Layout] = {}
     leaf_kind: dict[str, str] = {}
@@ -105,8 +141,6 @@ def analyse(phase: TracedPhase, sched: Schedule, rules: MemoryRules = CPU_RULES)
         leaf_kind[c.id] = "constant"
 
     outputs = {b.id: b.kind for b in phase.outputs}
-    # Tensors MLX may donate, as far as the graph and the sync points say (module doc).
-    donors = _sole_reads(phase, sched) if rules.donation else set()
     donated: set[str] = set()  # outputs planned in a donated buffer
     lives: dict[str, Life] = {}
     keep_alive: list[tuple[str, str]] = []  # (source root, copy) pairs
@@ -119,14 +153,13 @@ def analyse(phase: TracedPhase, sched: Schedule, rules: MemoryRules = CPU_RULES)
 
     for pos, i in enumerate(order):
         op = ops[i]
-        in_t = [phase.tensors[t] for t in op.inputs]
         mem = op_memory(
             op.primitive,
             op.args,
             [layout[t] for t in op.inputs],
-            [t.dtype for t in in_t],
-            [phase.tensors[t].shape for t in op.outputs],
-            [phase.tensors[t].dtype for t in op.outputs],
+            facts.in_dtypes[pos],
+            [tensors[t].shape for t in op.outputs],
+            facts.out_dtypes[pos],
             [leaf_kind.get(root_of(t)) == "state" for t in op.inputs],
         )
         scratch[pos] = mem.scratch
@@ -134,7 +167,7 @@ def analyse(phase: TracedPhase, sched: Schedule, rules: MemoryRules = CPU_RULES)
         for t in op.inputs:
             _read(lives, t, pos, root_of)
         for t, eff in zip(op.outputs, mem.effects, strict=True):
-            info = phase.tensors[t]
+            info = tensors[t]
             size = nbytes(info.shape, info.dtype)
             layout[t] = eff.layout
             donor = None
@@ -224,7 +257,7 @@ def _donatable(
     x: str,
     out,
     pos: int,
-    candidates: set[str],
+    candidates: Collection[str],
     donated: set[str],
     lives: dict[str, Life],
     segment_end: list[int],

@@ -136,7 +136,9 @@ def _top_k(logprobs: mx.array, ascending: mx.array, s: dict[str, mx.array]) -> m
     # that value keeps all its members, where argpartition would keep some); top_k 0 disables it.
     top_k = s["top_k"]
     vocab = ascending.shape[-1]
-    at = mx.where(top_k > 0, vocab - top_k, 0).reshape(1, 1)
+    # top_k at least 1 in the unpicked branch too: the index stays inside the axis for every top_k
+    # the runner feeds (0..vocab-1), which the verifier's index_safety rule proves
+    at = mx.where(top_k > 0, vocab - mx.maximum(top_k, 1), 0).reshape(1, 1)
     threshold = mx.take_along_axis(ascending, at, axis=-1)
     return mx.where(logprobs < threshold, -float("inf"), logprobs)
 
