@@ -60,8 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--search",
         choices=["chunk"],
-        help="also search over the prefill chunk (the KV cache format is not searchable yet: "
-        "this dctms has no quantised KV cache)",
+        help="also search over the prefill chunk (the KV cache's format is not searched: "
+        "give --kv-bits to fit with a quantised cache)",
     )
     p.add_argument(
         "--chunks",
