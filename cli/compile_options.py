@@ -30,6 +30,7 @@ PROFILE_NAMES = (
     "apple-m4-max",
     "apple-m4-pro",
     "cpu-x86-2core",
+    "cpu-x86-2core-openblas",
 )
 
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
