@@ -294,13 +294,13 @@ def summary(report: dict) -> str:
             f"generated {len(report['tokens'])} tokens; TTFT {report['ttft_s'] * 1000:.1f} ms; "
             f"decode {report['tokens_per_s']:.1f} tok/s",
             f"{'':24}{'bytes':>16}{'MiB':>12}",
-            f"{'provable M_max':24}{report['provable_bytes']:>16,}{report['provable_bytes'] / MIB:>12.2f}",
+            f"{'provable peak':24}{report['provable_bytes']:>16,}{report['provable_bytes'] / MIB:>12.2f}",
             f"{'observed MLX peak':24}{obs['mlx_peak_bytes']:>16,}{obs['mlx_peak_bytes'] / MIB:>12.2f}",
-            f"{'M_max (with runtime)':24}{report['envelope']['total']:>16,}"
+            f"{'M_max':24}{report['envelope']['total']:>16,}"
             f"{report['envelope']['total'] / MIB:>12.2f}",
             f"{'observed RSS peak':24}{obs['rss_peak_bytes']:>16,}{obs['rss_peak_bytes'] / MIB:>12.2f}",
             f"within envelope: {'yes' if report['within_envelope'] else 'NO'} "
-            f"(M_max provable / observed = {_ratio(report['envelope_over_observed'])})",
+            f"(provable peak / observed = {_ratio(report['envelope_over_observed'])})",
             f"BLAS: {BlasInfo(**report['blas']).describe()}",
             *_weights_line(report.get("weights")),
             *_setup_line(report.get("setup")),
