@@ -52,6 +52,9 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
         "decode_start": b.kv.quantized_start - 1,
         "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
     }
+    if b.batch > 1:  # runner.batch: a row without a sequence writes at the spare last position
+        last_start["decode"] = b.kv_capacity - 1
+        _check_slots(plan, state)
     for phase in plan.phases:
         if phase.name not in last_start:
             continue
@@ -81,6 +84,19 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
                     f"{phase.name} writes {w.state} up to position {end}, but the array "
                     f"allocated for it holds {size} along axis {w.axis}"
                 )
+
+
+def _check_slots(plan: Plan, state: dict[str, mx.array]) -> None:
+    """A batched plan's KV arrays hold B slots of kv_capacity positions: every slot and position
+    ``runner.batch`` feeds (slot < B, position <= kv_capacity - 1) addresses inside them."""
+    b = plan.bounds
+    for name, array in state.items():
+        shape = array.shape
+        if len(shape) != 4 or shape[0] < b.batch or shape[2] < b.kv_capacity:
+            raise DctmsError(
+                f"state {name} of shape {list(shape)} does not hold {b.batch} slots of "
+                f"{b.kv_capacity} positions"
+            )
 
 
 def _last_float_start(b) -> int:
@@ -145,6 +161,7 @@ class Session:
     """Weights, static state and the two phase programs, allocated once for many generations."""
 
     TAKES_IMAGES = False  # a vision-language plan needs runner.vision_session.VisionSession
+    BATCHED = False  # a batched plan's slots need runner.batch.BatchSession
 
     def __init__(self, plan: Plan, model: ModelFolder, verify_hashes: bool = False):
         """``plan`` as ``load_checked_plan`` returns it (verified, runtime-checked: not again here).
@@ -154,6 +171,13 @@ class Session:
             raise DctmsError(
                 "a vision-language plan: run it with `dctms run PLAN --model DIR --prompt TEXT "
                 "--image FILE` (this command does not take images yet)"
+            )
+        if (plan.bounds.batch > 1) != self.BATCHED:
+            raise DctmsError(
+                f"a plan with batch {plan.bounds.batch} runs in a BatchSession "
+                "(`dctms run PLAN --batch-prompts FILE`)"
+                if plan.bounds.batch > 1
+                else "a batch-1 plan runs in a Session"
             )
         check_fingerprint(plan, model, verify_hashes)
         self.plan = plan

@@ -31,6 +31,12 @@ OPTIONAL_INPUTS = {
     "prefill_start": ("tokens", "position", "last_index"),
     "decode_start": ("tokens", "position"),  # a quantised cache's float steps before its switch
 }
+# A batched plan's (toolkit.slots): a prefill chunk of one sequence into its slot, a decode step
+# of the first rows at their own positions.
+BATCHED_INPUTS = {
+    "prefill": ("tokens", "position", "last_index", "slot"),
+    "decode": ("tokens", "positions"),
+}
 RESULT = "next_token"
 # What a vision-language plan's text phases are fed besides (see ``rules_vision``): the features
 # table and each position's row in it; with 3-axis rotary positions (``vision.mrope``) those too.
@@ -54,6 +60,8 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
     for px in ix.phases:
         phase = px.phase
         fed = RUNNER_INPUTS.get(phase.name) or OPTIONAL_INPUTS.get(phase.name)
+        if plan.bounds.batch > 1 and phase.name in BATCHED_INPUTS:
+            fed = BATCHED_INPUTS[phase.name]
         if fed is None:
             continue  # not executed by the runner (a vision phase: see rules_vision)
         if plan.vision is not None:
@@ -149,6 +157,15 @@ def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
     state = {s.name: s for s in plan.state}
     for px in ix.phases:
         writes, stray = state_writes(px.phase)
+        for w in writes:
+            if w.slot_axis is None:
+                continue
+            rows = state[w.state].shape[w.slot_axis] if w.state in state else 0
+            if rows < plan.bounds.batch:
+                yield px.op_path(w.op_position), (
+                    f"writes {w.state!r} at a slot along axis {w.slot_axis} of size {rows}, "
+                    f"fewer than bounds.batch {plan.bounds.batch} slots"
+                )
         for s in stray:
             yield (
                 px.op_path(s.op_position),

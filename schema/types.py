@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Bound byte counts so absurd sizes (10^30) are rejected at decode time: 2^53 bytes = 8 PiB.
 MAX_BYTES = 2**53
@@ -297,7 +297,7 @@ class SyncPoint(_Base):
     evaluate: list[Name] = []
 
 
-LengthName = Literal["tokens", "window"]
+LengthName = Literal["tokens", "window", "rows"]  # rows: a batched decode's busy slots
 SignedInt = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31)]
 
 

@@ -63,6 +63,7 @@ from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.fuse_projections import fuse_projections
 from dctms.toolkit.lengths import (
     TOKEN_STEP,
+    ROWS,
     TOKENS,
     WINDOW,
     WINDOW_STEP,
@@ -71,7 +72,9 @@ from dctms.toolkit.lengths import (
     digest,
     fit,
     prefill_candidates,
+    rows_candidates,
     sample_lengths,
+    sample_rows,
     single_candidates,
     verified_points,
 )
@@ -402,7 +405,7 @@ def trace_source(
     for name, found in (
         *found_start,
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window, special)),
-        ("decode", _fit_decode(tracer, decode, window, special)),
+        ("decode", _fit_decode(tracer, decode, window, special, opts.batch)),
         *((tp.name, found) for tp, found in more),
     ):
         if isinstance(found, str):
@@ -476,14 +479,32 @@ def _fit_prefill(
         return str(err)
 
 
-def _fit_decode(tracer: PhaseTracer, bound: TracedPhase, window: int, special: list[int]):
+def _fit_decode(
+    tracer: PhaseTracer, bound: TracedPhase, window: int, special: list[int], batch: int = 1
+):
+    """The decode phase's fit over the window -- and, for a batched plan, over the rows (busy
+    slots) a step advances: (rows, window)."""
     ws = sample_lengths(window, special)
-    if not ws:
+    rs = sample_rows(batch) if batch > 1 else None
+    if not ws and not rs:
         return "the bounds are too small to vary"
+    names = [n for n, s in ((ROWS, rs), (WINDOW, ws)) if s]
+    r1, r2 = rs or (batch, batch)
+    w1, w2 = ws or (window, window)
+    points = [(batch, window)]
+    if rs:
+        points.append((r1, window))
+    if ws:
+        points.append((batch, w1))
+    points.append((r2, w2))
+    keep = [i for i, n in enumerate((ROWS, WINDOW)) if n in names]
     try:
-        samples = [((window,), digest(bound, bound, (window,)))]
-        samples += [((w,), digest(bound, tracer.decode(w), (w,))) for w in ws]
-        return fit([WINDOW], samples, bound)
+        samples = []
+        for r, w in points:
+            phase = bound if (r, w) == points[0] else tracer.decode(w, rows=r)
+            samples.append((tuple((r, w)[i] for i in keep), digest(bound, phase, (r, w))))
+            del phase
+        return fit(names, samples, bound)
     except NotAffine as err:
         return str(err)
 
@@ -494,8 +515,12 @@ def _candidates(lf: LengthFit | None, opts: CompileOptions) -> list[tuple[int, .
     if lf is None:
         return []
     token_step, window_step = grid_steps(opts)
+    if lf.names == (ROWS, WINDOW):
+        return rows_candidates(lf.bound[0], lf.bound[1], window_step)
     if len(lf.names) == 2:
         return prefill_candidates(lf.bound[0], lf.bound[1], opts.input_tokens, token_step)
+    if lf.names == (ROWS,):
+        return [(r,) for r in range(1, lf.bound[0] + 1)]
     return single_candidates(lf.names[0], lf.bound[0], token_step, window_step)
 
 
