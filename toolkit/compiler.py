@@ -62,8 +62,8 @@ from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.fuse_projections import fuse_projections
 from dctms.toolkit.lengths import (
-    TOKEN_STEP,
     ROWS,
+    TOKEN_STEP,
     TOKENS,
     WINDOW,
     WINDOW_STEP,
