@@ -175,6 +175,8 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError(f"alignment must be a power of two, got {opts.alignment}")
     if opts.sampling:
         _check_sampling(opts)
+    if opts.batch > 1:
+        _check_batch(opts)
     if opts.dtype is not None and opts.dtype not in DTYPES:
         raise DctmsError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype}")
 
@@ -191,6 +193,19 @@ def _check_sampling(opts: CompileOptions) -> None:
     for given, flag in others:
         if given:
             raise DctmsError(f"--sampling is not supported with {flag} yet")
+
+
+def _check_batch(opts: CompileOptions) -> None:
+    """A batched plan's slots (``toolkit.slots``) are planned over a float full KV cache, one rank,
+    greedy decoding (each refused in one line, not planned wrong)."""
+    others = [
+        (opts.kv_bits is not None, "--kv-bits"),
+        (opts.max_kv_size is not None, "--max-kv-size"),
+        (opts.ranks != 1 or opts.parallel is not None, "--ranks/--parallel"),
+    ]
+    for given, flag in others:
+        if given:
+            raise DctmsError(f"--batch {opts.batch} is not supported with {flag} yet")
 
 
 @dataclass(frozen=True)
@@ -367,6 +382,11 @@ def trace_source(
     quant = caches.kv_quantization(opts, chunk)
     rings = caches.rings_for(windows, chunk, capacity)
     if rank is None:
+        if opts.batch > 1 and any(r is not None for r in rings):
+            raise DctmsError(
+                f"--batch {opts.batch} is not supported yet for models with sliding-window or "
+                "recurrent layers (their slots are not planned)"
+            )
         if opts.sampling and any(r is not None for r in rings):
             raise DctmsError(
                 "--sampling is not supported yet for models with sliding-window or recurrent layers"
