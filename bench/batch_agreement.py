@@ -10,7 +10,7 @@ the two largest logits there.
     python bench/batch_agreement.py MODEL_DIR [--batch 8] [--prompts 64] [-N 256] [-M 32]
 
 Prompts: chat-templated questions of mixed lengths built from plans/prompts/p1-p5.json (each of
-the five prompts cut to a different number of words), so lengths vary from a few tokens to ~N.
+the five prompts cut to a different number of words, at most N tokens).
 """
 
 from __future__ import annotations
@@ -26,15 +26,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def mixed_prompts(count: int) -> list[str]:
-    """``count`` prompts of mixed lengths: the five paper prompts, cut at varying word counts."""
+def mixed_prompts(count: int, encode, limit: int) -> list[list[int]]:
+    """``count`` chat prompts of mixed lengths, each at most ``limit`` tokens: the five paper
+    prompts cut at varying word counts (fewer words where the cut would not fit)."""
     data = json.loads((ROOT / "plans/prompts/p1-p5.json").read_text())
     texts = [p["text"] for p in data["prompts"]]
     out = []
     for i in range(count):
         words = texts[i % len(texts)].split()
         keep = max(3, len(words) * (1 + (i * 7) % 10) // 10)
-        out.append(f"({i}) " + " ".join(words[:keep]))
+        while True:
+            ids = encode(f"({i}) " + " ".join(words[:keep]))
+            if len(ids) <= limit or keep <= 1:
+                break
+            keep = keep * 3 // 4
+        out.append(ids)
     return out
 
 
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = open_model_folder(args.model)
     tok = Tokenizer(folder.path)
-    prompts = [encode_chat(tok, text, None) for text in mixed_prompts(args.prompts)]
+    prompts = mixed_prompts(args.prompts, lambda text: encode_chat(tok, text, None), args.N)
     with tempfile.TemporaryDirectory() as tmp:
         batched_path, alone_path = Path(tmp, "b.plan"), Path(tmp, "one.plan")
         compile_plan(args.model, args.N, args.M, args.batch, batched_path)
