@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from dctms.runner.execute import PhaseProgram
 from dctms.runner.prerecord import prefill_chunks
 from dctms.runner.request import Request
-from dctms.runner.session import Generation, Session
+from dctms.runner.session import Generation, Prerecorded, Session
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.types import Plan
@@ -69,6 +70,7 @@ class BatchStats:
     decode_steps: int = 0
     rows_computed: int = 0  # rows the decode steps ran (busy or not)
     rows_busy: int = 0  # of those, rows that generated a token
+    single_steps: int = 0  # decode steps of slot 0 alone (the one-row phase)
     peak_observed: int = 0  # the largest observed MLX peak after any call
 
 
@@ -85,6 +87,9 @@ class BatchSession(Session):
         self.slots: list[Sequence | None] = [None] * plan.bounds.batch
         self.waiting: deque[Sequence] = deque()
         self.spare = plan.bounds.kv_capacity - 1  # where a row without a sequence writes
+        phases = {p.name: p for p in plan.phases}
+        # slot 0 alone (one client): a one-row step, as cheap as a batch-1 plan's
+        self.decode_one = PhaseProgram(phases["decode_one"]) if "decode_one" in phases else None
         self.stats = BatchStats()
 
     # ------------------------------------------------------------------------------- queueing
@@ -186,12 +191,15 @@ class BatchSession(Session):
     def _decode_step(self, decoding: list[Sequence]) -> list[Sequence]:
         need_rows = max(s.slot for s in decoding) + 1
         need_window = max(s.position for s in decoding) + 1
-        point = self.decode.lengths.pick({"rows": need_rows, "window": need_window})
-        rows = self.decode.lengths.value(point, "rows", self.plan.bounds.batch)
+        program = self.decode_one if need_rows == 1 and self.decode_one else self.decode
+        point = program.lengths.pick({"rows": need_rows, "window": need_window})
+        rows = program.lengths.value(
+            point, "rows", 1 if program is self.decode_one else self.plan.bounds.batch
+        )
         tokens, positions = [0] * rows, [self.spare] * rows
         for s in decoding:
             tokens[s.slot], positions[s.slot] = s.last, s.position
-        out = self.decode.run(
+        out = program.run(
             {
                 "tokens": mx.array(tokens, dtype=mx.uint32),
                 "positions": mx.array(positions, dtype=mx.int32),
@@ -204,6 +212,7 @@ class BatchSession(Session):
         got = out["next_token"].tolist()
         self._check_peak()
         self.stats.decode_steps += 1
+        self.stats.single_steps += program is self.decode_one
         self.stats.rows_computed += rows
         self.stats.rows_busy += len(decoding)
         now = time.perf_counter()
@@ -250,4 +259,13 @@ class BatchSession(Session):
 
     def prerecord(self, requests=None):
         """Record every verified point's graphs before any call (``Session.prerecord``)."""
-        return super().prerecord(None)
+        done = super().prerecord(None)
+        if self.decode_one is None:
+            return done
+        start = time.perf_counter()
+        more = self.decode_one.prepare(self.weights, self.state, None)
+        return Prerecorded(done.points + more, done.seconds + time.perf_counter() - start)
+
+    def held_bytes(self) -> int:
+        extra = self.decode_one.constants.values() if self.decode_one else ()
+        return super().held_bytes() + sum(a.nbytes for a in extra)

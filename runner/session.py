@@ -53,7 +53,7 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
         "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
     }
     if b.batch > 1:  # runner.batch: a row without a sequence writes at the spare last position
-        last_start["decode"] = b.kv_capacity - 1
+        last_start["decode"] = last_start["decode_one"] = b.kv_capacity - 1
         _check_slots(plan, state)
     for phase in plan.phases:
         if phase.name not in last_start:

@@ -30,12 +30,14 @@ OPTIONAL_INPUTS = {
     "verify": ("tokens", "position"),
     "prefill_start": ("tokens", "position", "last_index"),
     "decode_start": ("tokens", "position"),  # a quantised cache's float steps before its switch
+    "decode_one": ("tokens", "positions"),  # a batched plan's step of slot 0 alone
 }
 # A batched plan's (toolkit.slots): a prefill chunk of one sequence into its slot, a decode step
 # of the first rows at their own positions.
 BATCHED_INPUTS = {
     "prefill": ("tokens", "position", "last_index", "slot"),
     "decode": ("tokens", "positions"),
+    "decode_one": ("tokens", "positions"),
 }
 RESULT = "next_token"
 # What a vision-language plan's text phases are fed besides (see ``rules_vision``): the features
@@ -101,7 +103,9 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
                 f"{px.phase.tokens}, but the runner feeds prefill_chunk = "
                 f"{plan.bounds.prefill_chunk} tokens per prefill call",
             )
-        if px.phase.name in ("decode", "decode_start") and px.phase.tokens != 1:
+        if px.phase.name == "decode_one" and plan.bounds.batch == 1:
+            yield f"{px.path}.name", "decode_one is a batched plan's phase, but bounds.batch is 1"
+        if px.phase.name in ("decode", "decode_start", "decode_one") and px.phase.tokens != 1:
             yield f"{px.path}.tokens", f"{px.phase.tokens}, but decode processes one token per call"
 
 

@@ -59,8 +59,10 @@ def test_the_batched_plan_has_slots_rows_and_positions(tiny) -> None:
     assert inputs == {
         "prefill": ["tokens", "position", "last_index", "slot"],
         "decode": ["tokens", "positions"],
+        "decode_one": ["tokens", "positions"],  # slot 0 alone: one row, MLX's scalar paths
     }
     assert list(phases["decode"].lengths.names) == ["rows", "window"]
+    assert phases["decode_one"].inputs[0].shape == [1]
     rows = {p[0] for p in phases["decode"].lengths.points}
     assert max(rows) == SLOTS and len(rows) >= 2  # fewer busy slots compute fewer rows
     kv = [s for s in plan.state if s.kind == "kv"]
@@ -93,6 +95,7 @@ def test_batched_ids_equal_each_prompt_run_alone(tiny) -> None:
     stats = batch.stats
     assert stats.rows_busy == sum(m - 1 for m in budgets)  # the first token comes from prefill
     assert stats.rows_busy <= stats.rows_computed < stats.decode_steps * SLOTS + 1
+    assert stats.single_steps > 0  # the tail: slot 0 alone ran the one-row phase
     assert 0 < stats.peak_observed <= batch.plan.envelope.provable
 
 
@@ -273,3 +276,11 @@ def test_the_verifier_wants_the_batched_inputs(tiny, tmp_path) -> None:
 
 def test_the_unedited_batched_plan_validates(tiny) -> None:
     assert cli("validate", str(tiny["batched"])).code == 0
+
+
+def test_decode_one_belongs_to_batched_plans(tiny, tmp_path) -> None:
+    def one_slot(doc: dict) -> None:
+        doc["bounds"]["batch"] = 1
+
+    edited = edit_plan(tiny["batched"], tmp_path / "e.plan", one_slot)
+    assert_invalid(cli("validate", str(edited)), "decode_one is a batched plan's phase")

@@ -195,6 +195,9 @@ def _check_sampling(opts: CompileOptions) -> None:
             raise DctmsError(f"--sampling is not supported with {flag} yet")
 
 
+DECODE_ONE = "decode_one"  # a batched plan's decode step of slot 0 alone (runner.batch)
+
+
 def _check_batch(opts: CompileOptions) -> None:
     """A batched plan's slots (``toolkit.slots``) are planned over a float full KV cache, one rank,
     greedy decoding (each refused in one line, not planned wrong)."""
@@ -410,9 +413,12 @@ def trace_source(
     paths = {"paths": True}
     prefill = tracer.prefill(chunk, prompt_window, **paths)
     decode = tracer.decode(window, **paths)
+    # a batched plan's step of slot 0 alone: one row, as cheap as a batch-1 step (the rows
+    # length stops at 2: MLX takes its scalar paths for a [1, ...] row, so rows = 1 is its own graph)
+    one = [tracer.decode(window, name=DECODE_ONE, rows=1, **paths)] if opts.batch > 1 else []
     start = caches.start_phases(tracer, quant, chunk, capacity, paths)
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
-    traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
+    traced = tracer.traced([*start, prefill, decode, *one, *(tp for tp, _ in more)])
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return _merged(traced, fits, say, _fuses(opts)), capacity, fits
@@ -426,6 +432,7 @@ def trace_source(
         *found_start,
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window, special)),
         ("decode", _fit_decode(tracer, decode, window, special, opts.batch)),
+        *((DECODE_ONE, _fit_decode(tracer, tp, window, special, 1, DECODE_ONE)) for tp in one),
         *((tp.name, found) for tp, found in more),
     ):
         if isinstance(found, str):
@@ -500,28 +507,34 @@ def _fit_prefill(
 
 
 def _fit_decode(
-    tracer: PhaseTracer, bound: TracedPhase, window: int, special: list[int], batch: int = 1
+    tracer: PhaseTracer,
+    bound: TracedPhase,
+    window: int,
+    special: list[int],
+    batch: int = 1,
+    name: str = "decode",
 ):
     """The decode phase's fit over the window -- and, for a batched plan, over the rows (busy
-    slots) a step advances: (rows, window)."""
+    slots) a step advances: (rows, window). ``decode_one`` (slot 0 alone) has one row."""
+    rows = 1 if name == DECODE_ONE else batch
     ws = sample_lengths(window, special)
-    rs = sample_rows(batch) if batch > 1 else None
+    rs = sample_rows(rows) if rows > 1 else None
     if not ws and not rs:
         return "the bounds are too small to vary"
     names = [n for n, s in ((ROWS, rs), (WINDOW, ws)) if s]
-    r1, r2 = rs or (batch, batch)
+    r1, r2 = rs or (rows, rows)
     w1, w2 = ws or (window, window)
-    points = [(batch, window)]
+    points = [(rows, window)]
     if rs:
         points.append((r1, window))
     if ws:
-        points.append((batch, w1))
+        points.append((rows, w1))
     points.append((r2, w2))
     keep = [i for i, n in enumerate((ROWS, WINDOW)) if n in names]
     try:
         samples = []
         for r, w in points:
-            phase = bound if (r, w) == points[0] else tracer.decode(w, rows=r)
+            phase = bound if (r, w) == points[0] else tracer.decode(w, name=name, rows=r)
             samples.append((tuple((r, w)[i] for i in keep), digest(bound, phase, (r, w))))
             del phase
         return fit(names, samples, bound)
