@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from dctms.schema.errors import DctmsError
+from dctms.schema.slotted import slotted
 
 MIB = 2**20
 
@@ -64,7 +65,7 @@ def run_batch_prompts(args: argparse.Namespace, plan, model, target) -> int:
     from dctms.runner.request import RequestRefused, validate_request
     from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids
 
-    if plan.bounds.batch < 2:
+    if not slotted(plan.bounds):
         raise DctmsError(
             "--batch-prompts runs the prompts together in a batched plan's slots; this plan has "
             "batch 1: compile it with --batch B (B > 1)"

@@ -65,8 +65,25 @@ def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
         ("prefill chunk", str(b.prefill_chunk)),
         ("dtype", b.dtype),
         ("KV cache", f"{kv_storage(plan)}, capacity {b.kv_capacity} positions"),
+        ("spare position", spare_position(plan)),
         *cache_rows(plan),
     ] + ([("rank", rank_label(plan))] if plan.distributed is not None else [])
+
+
+def spare_position(plan: Plan) -> str:
+    """Why the KV cache holds one position beyond N + M, and what it costs."""
+    b, e = plan.bounds, plan.envelope
+    cost = e.kv // b.kv_capacity if b.kv_capacity else 0
+    why = (
+        "attention reads a proper slice of the cache at every window (MLX makes no Slice for a "
+        "full-range one, so the graph would differ at the largest window)"
+    )
+    if b.batch > 1:
+        why += "; a decode row without a sequence writes there, where no window reaches"
+    extra = b.kv_capacity - b.input_tokens - b.output_tokens
+    if extra > 1:  # kv_capacity: the padded prompt (longer than N + M) plus the spare
+        why += f"; the other {extra - 1} hold the last prompt chunk's padding"
+    return f"{extra} beyond N + M, {cost:,} B each: {why}"
 
 
 def batch_label(plan: Plan) -> str:

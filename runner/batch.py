@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from dctms.runner.execute import PhaseProgram
+from dctms.runner.prefix_cache import PrefixIndex
 from dctms.runner.prerecord import prefill_chunks
 from dctms.runner.request import Request
 from dctms.runner.session import Generation, Prerecorded, Session
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
+from dctms.schema.slotted import slotted
 from dctms.schema.types import Plan
 
 OnToken = Callable[[int], bool]
@@ -50,6 +52,7 @@ class Sequence:
     on_token: OnToken | None = None
     slot: int = -1
     prefilled: int = 0  # prompt tokens written into the slot so far
+    cached: int = 0  # of those, loaded from the prefix pool instead of prefilled
     position: int = 0  # the position the next decode step writes
     last: int = 0  # the last generated token: the next decode step's input
     generation: Generation = field(default_factory=lambda: Generation([], 0.0))
@@ -81,7 +84,7 @@ class BatchSession(Session):
     BATCHED = True
 
     def __init__(self, plan: Plan, model: ModelFolder, verify_hashes: bool = False):
-        if plan.bounds.batch < 2:
+        if not slotted(plan.bounds):
             raise DctmsError("a batch-1 plan: run it with a Session (`dctms run PLAN`)")
         super().__init__(plan, model, verify_hashes)
         self.slots: list[Sequence | None] = [None] * plan.bounds.batch
@@ -90,6 +93,12 @@ class BatchSession(Session):
         phases = {p.name: p for p in plan.phases}
         # slot 0 alone (one client): a one-row step, as cheap as a batch-1 plan's
         self.decode_one = PhaseProgram(phases["decode_one"]) if "decode_one" in phases else None
+        # the prompt-prefix pool (toolkit.prefix_pool), when the plan has one
+        self.prefix = None
+        if plan.bounds.prefix_blocks > 0:
+            self.prefix = PrefixIndex(plan.bounds.prefix_blocks, plan.bounds.prefill_chunk)
+            self.save_block = PhaseProgram(phases["save_block"])
+            self.load_block = PhaseProgram(phases["load_block"])
         self.stats = BatchStats()
 
     # ------------------------------------------------------------------------------- queueing
@@ -154,6 +163,10 @@ class BatchSession(Session):
                 continue
             seq.slot = self.slots.index(None)
             self.slots[seq.slot] = seq
+            if self.prefix is not None:
+                for position, block in self.prefix.lookup(seq.request.prompt):
+                    self._copy_block(self.load_block, seq.slot, position, block)
+                    seq.prefilled = seq.cached = position + self.chunk
 
     def _prefill_chunk(self, seq: Sequence) -> None:
         prompt = seq.request.prompt
@@ -182,6 +195,9 @@ class BatchSession(Session):
         if seq.prefilled < len(prompt):
             return
         token = int(out["next_token"].item())
+        if self.prefix is not None:  # keep the prompt's whole chunks for later requests
+            for position, block in self.prefix.to_save(prompt):
+                self._copy_block(self.save_block, seq.slot, position, block)
         now = time.perf_counter()
         seq.generation.ttft_s = now - seq.submitted
         seq.stepped = now
@@ -225,6 +241,23 @@ class BatchSession(Session):
             if s.done:
                 ended.append(s)
         return ended
+
+    def _copy_block(self, program: PhaseProgram, slot: int, position: int, block: int) -> None:
+        """One block between a slot and the pool. The phase reads state it does not write (a
+        save reads the slots, a load the pool): those arrays are lent, the ones it writes moved
+        (``PhaseProgram.run`` takes them), so MLX can write them in place."""
+        writes = {name for _, kind, name in program.outputs if kind == "state"}
+        reads = {name for _, kind, name in program.inputs if kind == "state"}
+        lent = {n: (self.state.pop(n) if n in writes else self.state[n]) for n in reads}
+        feeds = {
+            "slot": mx.array(slot, dtype=mx.int32),
+            "position": mx.array(position, dtype=mx.int32),
+            "block": mx.array(block, dtype=mx.int32),
+        }
+        program.run(feeds, self.weights, lent, wait=False)
+        mx.eval([lent[n] for n in writes])
+        self.state.update({n: lent[n] for n in writes})
+        self._check_peak()
 
     def _emit(self, seq: Sequence, token: int) -> None:
         """Record ``token`` for ``seq``; end it at a stop token, its budget or its caller's say."""

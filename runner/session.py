@@ -30,6 +30,7 @@ from dctms.runner.sampling import prepare as prepare_sampling
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
+from dctms.schema.slotted import slotted
 from dctms.schema.sizes import FREE_RUN_AHEAD
 from dctms.schema.types import Plan, Scratch
 
@@ -52,8 +53,9 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
         "decode_start": b.kv.quantized_start - 1,
         "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
     }
-    if b.batch > 1:  # runner.batch: a row without a sequence writes at the spare last position
+    if slotted(b):  # runner.batch: a row without a sequence writes at the spare last position
         last_start["decode"] = last_start["decode_one"] = b.kv_capacity - 1
+        last_start["load_block"] = padded - b.prefill_chunk  # a block of a prompt's whole chunks
         _check_slots(plan, state)
     for phase in plan.phases:
         if phase.name not in last_start:
@@ -92,6 +94,13 @@ def _check_slots(plan: Plan, state: dict[str, mx.array]) -> None:
     b = plan.bounds
     for name, array in state.items():
         shape = array.shape
+        if name.endswith(".pool"):  # a prefix pool (toolkit.prefix_pool): blocks of one chunk
+            if len(shape) != 4 or shape[0] < b.prefix_blocks or shape[2] < b.prefill_chunk:
+                raise DctmsError(
+                    f"state {name} of shape {list(shape)} does not hold {b.prefix_blocks} "
+                    f"blocks of {b.prefill_chunk} positions"
+                )
+            continue
         if len(shape) != 4 or shape[0] < b.batch or shape[2] < b.kv_capacity:
             raise DctmsError(
                 f"state {name} of shape {list(shape)} does not hold {b.batch} slots of "
@@ -172,11 +181,11 @@ class Session:
                 "a vision-language plan: run it with `dctms run PLAN --model DIR --prompt TEXT "
                 "--image FILE` (this command does not take images yet)"
             )
-        if (plan.bounds.batch > 1) != self.BATCHED:
+        if slotted(plan.bounds) != self.BATCHED:
             raise DctmsError(
                 f"a plan with batch {plan.bounds.batch} runs in a BatchSession "
                 "(`dctms run PLAN --batch-prompts FILE`)"
-                if plan.bounds.batch > 1
+                if slotted(plan.bounds)
                 else "a batch-1 plan runs in a Session"
             )
         check_fingerprint(plan, model, verify_hashes)

@@ -131,6 +131,7 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
     writes: list[PositionWrite] = []
     stray: list[StrayStateWrite] = []
     slot_starts = _slot_starts(phase, positions)
+    blocks = derived_ids(phase, "block")
     for k, op in enumerate(phase.ops):
         if op.primitive != "DynamicSliceUpdate" or not op.inputs or op.inputs[0] not in state:
             continue
@@ -139,6 +140,8 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
         update = shapes.get(op.inputs[1]) if len(op.inputs) == 3 else None
         start = op.inputs[2] if len(op.inputs) == 3 else None
         known = positions | set(rings) | set(clamps)
+        if axes == [0] and start in blocks:
+            continue  # a prefix-pool block at the block input: rule index_safety bounds it
         if axes is not None and len(axes) == 2 and update is not None and start in slot_starts:
             slot_axis, axis = axes
             if 0 <= axis < len(update) and 0 <= slot_axis < len(update) and update[slot_axis] == 1:

@@ -33,6 +33,7 @@ from dctms.schema.access import state_writes
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.rules_runner import RESULT, runnable
 from dctms.schema.sampling import samples
+from dctms.schema.slotted import slotted
 
 Finding = tuple[str, str]
 
@@ -52,10 +53,12 @@ def runtime_ranges(ix: PlanIndex, px: PhaseIndex, point) -> dict[str, Range]:
         "position": (0, max(0, plan.bounds.kv_capacity - phase.tokens)),
         "last_index": (0, max(0, tokens - 1)),
     }
-    if plan.bounds.batch > 1:  # a batched plan (toolkit.slots): runner.batch bounds both
+    if slotted(plan.bounds):  # a plan in slots (toolkit.slots): runner.batch bounds both
         ranges["slot"] = (0, plan.bounds.batch - 1)
         # a busy row's position, or the spare last one where a free row's step writes
         ranges["positions"] = (0, max(0, plan.bounds.kv_capacity - 1))
+    if plan.bounds.prefix_blocks > 0:  # runner.prefix_cache: a block of the pool
+        ranges["block"] = (0, plan.bounds.prefix_blocks - 1)
     if samples(plan):  # compile --sampling: runner.sampling checks each before it feeds it
         vocab = (0, plan.model.vocab_size - 1)
         recent = next((b for b in phase.inputs if b.name == "recent"), None)

@@ -57,7 +57,7 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign, caches, limits
+from dctms.toolkit import assign, caches, limits, prefix_pool
 from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.fuse_projections import fuse_projections
@@ -153,6 +153,10 @@ class CompileOptions:
     # mlx-lm's sampler and logits processors traced into both phases, their parameters per-call
     # inputs (toolkit.sampling); off: greedy argmax only, as before.
     sampling: bool = False
+    # A prompt-prefix pool (toolkit.prefix_pool): K blocks of prefill_chunk positions, or as many
+    # as ``prefix_cache`` bytes hold.
+    prefix_blocks: int = 0
+    prefix_cache: int | None = None
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -175,8 +179,12 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError(f"alignment must be a power of two, got {opts.alignment}")
     if opts.sampling:
         _check_sampling(opts)
-    if opts.batch > 1:
+    if opts.batch > 1 or _pooled(opts):
         _check_batch(opts)
+    if opts.prefix_blocks < 0:
+        raise DctmsError(f"--prefix-blocks must be 0 (none) or more, got {opts.prefix_blocks}")
+    if opts.prefix_blocks and opts.prefix_cache is not None:
+        raise DctmsError("give --prefix-blocks or --prefix-cache, not both")
     if opts.dtype is not None and opts.dtype not in DTYPES:
         raise DctmsError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype}")
 
@@ -198,9 +206,17 @@ def _check_sampling(opts: CompileOptions) -> None:
 DECODE_ONE = "decode_one"  # a batched plan's decode step of slot 0 alone (runner.batch)
 
 
+def _pooled(opts: CompileOptions) -> bool:
+    """Whether the options ask for a prompt-prefix pool (``toolkit.prefix_pool``)."""
+    return opts.prefix_blocks > 0 or opts.prefix_cache is not None
+
+
 def _check_batch(opts: CompileOptions) -> None:
-    """A batched plan's slots (``toolkit.slots``) are planned over a float full KV cache, one rank,
-    greedy decoding (each refused in one line, not planned wrong)."""
+    """A batched plan's slots (``toolkit.slots``) and a prefix pool are planned over a float full
+    KV cache, one rank, greedy decoding (each refused in one line, not planned wrong)."""
+    what = f"--batch {opts.batch}" if opts.batch > 1 else "--prefix-blocks/--prefix-cache"
+    if _pooled(opts) and opts.sampling:
+        raise DctmsError(f"{what} is not supported with --sampling yet")
     others = [
         (opts.kv_bits is not None, "--kv-bits"),
         (opts.max_kv_size is not None, "--max-kv-size"),
@@ -208,7 +224,7 @@ def _check_batch(opts: CompileOptions) -> None:
     ]
     for given, flag in others:
         if given:
-            raise DctmsError(f"--batch {opts.batch} is not supported with {flag} yet")
+            raise DctmsError(f"{what} is not supported with {flag} yet")
 
 
 @dataclass(frozen=True)
@@ -385,10 +401,11 @@ def trace_source(
     quant = caches.kv_quantization(opts, chunk)
     rings = caches.rings_for(windows, chunk, capacity)
     if rank is None:
-        if opts.batch > 1 and any(r is not None for r in rings):
+        if (opts.batch > 1 or _pooled(opts)) and any(r is not None for r in rings):
+            what = f"--batch {opts.batch}" if opts.batch > 1 else "--prefix-blocks/--prefix-cache"
             raise DctmsError(
-                f"--batch {opts.batch} is not supported yet for models with sliding-window or "
-                "recurrent layers (their slots are not planned)"
+                f"{what} is not supported yet for models with sliding-window or recurrent layers "
+                "(their slots are not planned)"
             )
         if opts.sampling and any(r is not None for r in rings):
             raise DctmsError(
@@ -402,8 +419,11 @@ def trace_source(
             kv_quant=quant,
             rings=rings,
             sampling=opts.sampling,
+            prefix_blocks=1 if _pooled(opts) else 0,  # a flag here: K is resolved below
         )
     else:
+        if _pooled(opts):
+            raise DctmsError("--prefix-blocks/--prefix-cache is not supported with --ranks yet")
         tracer = rank.tracer(
             num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
         )
@@ -416,9 +436,17 @@ def trace_source(
     # a batched plan's step of slot 0 alone: one row, as cheap as a batch-1 step (the rows
     # length stops at 2: MLX takes its scalar paths for a [1, ...] row, so rows = 1 is its own graph)
     one = [tracer.decode(window, name=DECODE_ONE, rows=1, **paths)] if opts.batch > 1 else []
+    blocks, pool = 0, []
+    if _pooled(opts):
+        if more_phases is not None:
+            raise DctmsError("--prefix-blocks/--prefix-cache is not supported with --draft yet")
+        prefix_pool.check_supported(tracer)
+        blocks = prefix_pool.resolve_blocks(tracer, chunk, opts.prefix_blocks, opts.prefix_cache)
+        pool = prefix_pool.trace_block_phases(tracer, blocks, chunk)
     start = caches.start_phases(tracer, quant, chunk, capacity, paths)
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
-    traced = tracer.traced([*start, prefill, decode, *one, *(tp for tp, _ in more)])
+    traced = tracer.traced([*start, prefill, decode, *one, *pool, *(tp for tp, _ in more)])
+    traced = replace(traced, prefix_blocks=blocks)
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return _merged(traced, fits, say, _fuses(opts)), capacity, fits
@@ -631,6 +659,7 @@ def emit_plan(
             dtype=settings.dtype,
             kv=caches.kv_storage(traced.kv.dtype, opts),
             kv_capacity=capacity,
+            prefix_blocks=traced.prefix_blocks,
         ),
         model=model_info(source, traced, weights),
         target=Target(

@@ -103,6 +103,7 @@ class Traced:
     recurrent: tuple[str, ...] = ()  # state names of recurrent layers (ArraysCache)
     # fused weight name -> its parts, in column order (toolkit.fuse_projections)
     fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    prefix_blocks: int = 0  # blocks of the prompt-prefix pool (toolkit.prefix_pool), 0: none
 
     def phase(self, name: str) -> TracedPhase:
         """The traced phase called ``name`` ("prefill" or "decode")."""
@@ -323,13 +324,15 @@ class PhaseTracer:
         kv_quant=None,
         rings=None,
         sampling: bool = False,
+        prefix_blocks: int = 0,
     ):
         from dctms.toolkit.caches import StateLayout, probes_for  # built on this module's caches
 
         self.model, self.num_layers, self.batch = model, num_layers, batch
         # A batched plan (toolkit.slots): B slots, a prefill chunk of one sequence into its slot,
         # a decode step of the first ``rows`` slots each at its own position.
-        self.slotted = batch > 1
+        self.slotted = batch > 1 or prefix_blocks > 0
+        self.prefix_blocks = prefix_blocks
         # compile --sampling: mlx-lm's logits processors and sampler traced after the logits
         # (toolkit.sampling), their parameters per-call inputs
         self.sampling = sampling
@@ -563,9 +566,10 @@ def _export(
     weights: dict[str, mx.array],
     state: dict[str, mx.array],
     state_order: list[str] | int,
+    results: tuple[str, ...] = ("next_token",),
 ) -> TracedPhase:
     """One ``mx.export_function`` of ``fn``; ``state_order``: the names of the state outputs after
-    ``next_token`` (a number of layers: ``kv.<i>.keys``, ``kv.<i>.values`` each)."""
+    ``results`` (a number of layers: ``kv.<i>.keys``, ``kv.<i>.values`` each)."""
     if isinstance(state_order, int):
         state_order = [f"kv.{i}.{p}" for i in range(state_order) for p in ("keys", "values")]
     events: list[dict] = []
@@ -575,11 +579,16 @@ def _export(
         raise
     except Exception as err:
         raise DctmsError(f"not supported yet: tracing the {name} graph failed: {err}") from None
-    return _phase_from_events(name, tokens, list(graph_inputs), events, state_order)
+    return _phase_from_events(name, tokens, list(graph_inputs), events, state_order, results)
 
 
 def _phase_from_events(
-    name: str, tokens: int, input_names: list[str], events: list[dict], state_order: list[str]
+    name: str,
+    tokens: int,
+    input_names: list[str],
+    events: list[dict],
+    state_order: list[str],
+    results: tuple[str, ...] = ("next_token",),
 ) -> TracedPhase:
     tensors: dict[str, TracedTensor] = {}
 
@@ -606,7 +615,7 @@ def _phase_from_events(
                 inputs.append(TracedBinding(tid, bkind, key, t.shape, t.dtype))
         elif kind == "outputs":
             note(ev["outputs"])
-            names = ["next_token", *state_order]
+            names = [*results, *state_order]
             for (tid, shape, dtype), oname in zip(ev["outputs"], names, strict=True):
                 okind = "state" if oname.startswith("kv.") else "output"
                 outputs.append(TracedBinding(tid, okind, oname, tuple(shape), dtype_name(dtype)))
