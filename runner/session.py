@@ -30,8 +30,8 @@ from dctms.runner.sampling import prepare as prepare_sampling
 from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
-from dctms.schema.slotted import slotted
 from dctms.schema.sizes import FREE_RUN_AHEAD
+from dctms.schema.slotted import slotted
 from dctms.schema.types import Plan, Scratch
 
 

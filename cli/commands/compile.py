@@ -81,8 +81,10 @@ def _run(args: argparse.Namespace, target) -> int:
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_kind(open_model(args.model), opts, plan_kind(args), progress)
     plan = with_hub(plan, getattr(args, "hub", {}).get("model"))
-    if plan.bounds.batch > 1 and shortfall(plan.envelope):
+    if shortfall(plan.envelope) and plan.bounds.prefix_blocks > 0:
         # bad input, like --batch 0: nothing is written (reserve_output removes the reservation)
+        raise DctmsError(pool_over_budget(plan))
+    if plan.bounds.batch > 1 and shortfall(plan.envelope):
         raise DctmsError(batch_over_budget(plan))
     if target is not None:
         target.write(encode_plan(plan))
@@ -96,6 +98,26 @@ def _run(args: argparse.Namespace, target) -> int:
         print(f"dctms compile: {short}", file=sys.stderr)
         return 1
     return 0
+
+
+def pool_over_budget(plan) -> str:
+    """A prefix pool beyond the ``--memory`` budget, and the largest that fits (the pool is state
+    of its own: the other terms do not depend on it)."""
+    env, k = plan.envelope, plan.bounds.prefix_blocks
+    pool = sum(s.bytes for s in plan.state if s.name.endswith(".pool"))
+    per_block = pool // k
+    rest = env.total - pool
+    fits = (env.device - rest) // per_block if env.device > rest else 0
+    head = (
+        f"a prefix pool of {k} blocks ({human(pool)}) makes M_max {human(env.total)} "
+        f"({env.total:,} B), beyond the {human(env.device)} ({env.device:,} B) budget"
+    )
+    if fits < 1:
+        return f"{head}; without the pool M_max is {human(rest)}: no block fits"
+    return (
+        f"{head}; the largest pool that fits is --prefix-blocks {min(fits, k - 1)} "
+        f"({human(per_block)} per block)"
+    )
 
 
 def batch_over_budget(plan) -> str:

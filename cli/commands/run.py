@@ -36,6 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json)")
     src.add_argument("--tokens", metavar="IDS", help="prompt as comma-separated token ids")
     src.add_argument(
+        "--conversation",
+        metavar="FILE",
+        help='a multi-turn chat, {"system": TEXT, "turns": [TEXT, ...]}: each turn re-sends the '
+        "conversation so far, as a chat client does (a plan compiled with --prefix-blocks "
+        "reuses the earlier turns' prompt from its pool); one JSON line per turn",
+    )
+    src.add_argument(
         "--batch-prompts",
         metavar="FILE",
         help="JSON lines, each {\"prompt\": TEXT} or {\"tokens\": [IDS]} (optional "
@@ -143,6 +150,7 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.runner.session import Session
     from dctms.runner.stops import StopText, finish_reason
     from dctms.schema.model_folder import open_model_folder
+    from dctms.schema.slotted import slotted
 
     plan = load_checked_plan(args.plan)
     model = open_model_folder(args.model)
@@ -152,6 +160,12 @@ def _run(args: argparse.Namespace, target) -> int:
         if args.stop or args.draft_model or args.image:
             raise DctmsError("--batch-prompts takes no --stop, --draft-model or --image")
         return run_batch_prompts(args, plan, model, target)
+    if args.conversation is not None:
+        from dctms.cli.conversation_run import run_conversation
+
+        if args.stop or args.draft_model or args.image:
+            raise DctmsError("--conversation takes no --stop, --draft-model or --image")
+        return run_conversation(args, plan, model, target)
     _check_stops(args, plan)
     if plan.vision is not None or args.image:
         from dctms.cli.run_vision import run_vision
@@ -179,7 +193,7 @@ def _run(args: argparse.Namespace, target) -> int:
             gen = spec.generate(request)
         else:
             kind = Session
-            if plan.bounds.batch > 1:  # one prompt through a batched plan: one slot busy
+            if slotted(plan.bounds):  # one prompt through a plan in slots: one slot busy
                 from dctms.runner.batch import BatchSession as kind
             session = kind(plan, model, verify_hashes=args.verify_weights)
             recorded = session.prerecord([request])  # set-up: reported, not in TTFT
