@@ -66,6 +66,7 @@ def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
         ("dtype", b.dtype),
         ("KV cache", f"{kv_storage(plan)}, capacity {b.kv_capacity} positions"),
         ("spare position", spare_position(plan)),
+        *([("prefix pool", pool_label(plan))] if b.prefix_blocks else []),
         *cache_rows(plan),
     ] + ([("rank", rank_label(plan))] if plan.distributed is not None else [])
 
@@ -73,7 +74,7 @@ def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
 def spare_position(plan: Plan) -> str:
     """Why the KV cache holds one position beyond N + M, and what it costs."""
     b, e = plan.bounds, plan.envelope
-    cost = e.kv // b.kv_capacity if b.kv_capacity else 0
+    cost = (e.kv - pool_bytes(plan)) // b.kv_capacity if b.kv_capacity else 0
     why = (
         "attention reads a proper slice of the cache at every window (MLX makes no Slice for a "
         "full-range one, so the graph would differ at the largest window)"
@@ -104,10 +105,29 @@ def batch_label(plan: Plan) -> str:
     )
 
 
+def pool_bytes(plan: Plan) -> int:
+    """Bytes of the prompt-prefix pool's blocks (``toolkit.prefix_pool``), 0 without one."""
+    return sum(s.bytes for s in plan.state if s.name.endswith(".pool"))
+
+
+def pool_label(plan: Plan) -> str:
+    """``64 blocks of 256 positions (1,572,864 B each, 100,663,296 B in M_KV); LRU``."""
+    k, pool = plan.bounds.prefix_blocks, pool_bytes(plan)
+    return (
+        f"{k} blocks of {plan.bounds.prefill_chunk} positions ({pool // k:,} B each, {pool:,} B "
+        "in M_KV): earlier prompts' whole chunks, kept across requests, least recently used "
+        "evicted"
+    )
+
+
 def kv_per_slot(plan: Plan) -> str:
-    """A batched plan's KV line note: what one slot costs."""
-    b = plan.bounds.batch
-    return f"{b} slots x {plan.envelope.kv // b:,} B" if b > 1 else ""
+    """The KV line's note: what one slot costs (a batched plan), and the prefix pool's share."""
+    b, pool = plan.bounds.batch, pool_bytes(plan)
+    slots = plan.envelope.kv - pool
+    parts = [f"{b} slots x {slots // b:,} B"] if b > 1 else []
+    if pool:
+        parts.append(f"prefix pool {pool:,} B")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
