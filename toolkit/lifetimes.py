@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
 from dctms.schema.sizes import FREE_RUN_AHEAD, ITEMSIZE, nbytes, run_ahead_end
+from dctms.schema.types import MemoryModel
 from dctms.toolkit.memory_model import Layout, donated_layout, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
@@ -53,6 +54,10 @@ class MemoryRules:
 
     donation: bool = True
     run_ahead: int = FREE_RUN_AHEAD
+    # A GPU target (schema.targets): ``run_ahead`` counts kernel ops (0 for an op making views
+    # only, 1 for any other), the command buffers' unit, instead of CPU encoder dispatches.
+    kernels: bool = False
+    model: MemoryModel | None = None  # the GPU target's allocator model, recorded in the plan
 
 
 CPU_RULES = MemoryRules()  # the default: donation and free run-ahead
@@ -163,7 +168,11 @@ def analyse(
             [leaf_kind.get(root_of(t)) == "state" for t in op.inputs],
         )
         scratch[pos] = mem.scratch
-        dispatches[pos] = mem.dispatches
+        if rules.kernels:
+            views_only = mem.effects and all(e.kind == "view" for e in mem.effects)
+            dispatches[pos] = 0 if views_only else 1
+        else:
+            dispatches[pos] = mem.dispatches
         for t in op.inputs:
             _read(lives, t, pos, root_of)
         for t, eff in zip(op.outputs, mem.effects, strict=True):
