@@ -417,9 +417,10 @@ def arena_bounds(ix: PlanIndex) -> Iterator[Finding]:
             phase.tensors, px.num_slots, target.allocator_slack, target.memory_model
         )
         if phase.slack_bytes != slack:
-            how = "cache reuse" if target.memory_model is None else (
-                f"the {target.memory_model.name} allocator's rounding and cache reuse"
-            )
+            model = target.memory_model
+            how = "cache reuse"
+            if model is not None:
+                how = f"the {model.name} allocator's rounding and cache reuse"
             yield (
                 f"{px.path}.slack_bytes",
                 f"{phase.slack_bytes}, but {how} can add up to {slack} bytes to the live tenants",

@@ -38,8 +38,13 @@ def memory_model(ix: PlanIndex) -> Iterator[Finding]:
     where = "$.target.memory_model"
     if target.backend != "gpu":
         yield "$.target.backend", f"is {target.backend!r}, but a {model.name} model runs on the gpu"
-    if model.name not in GPU_TARGETS:  # msgspec's Literal refuses it at decode; a built plan may not
-        yield f"{where}.name", f"{model.name!r} is no target memory model ({', '.join(GPU_TARGETS)})"
+    if (
+        model.name not in GPU_TARGETS
+    ):  # msgspec's Literal refuses it at decode; a built plan may not
+        yield (
+            f"{where}.name",
+            f"{model.name!r} is no target memory model ({', '.join(GPU_TARGETS)})",
+        )
         return
     if model.mlx not in SUPPORTED_MLX:
         yield (

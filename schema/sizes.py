@@ -105,7 +105,10 @@ def lower_bound_bytes(tensors: Iterable[Tensor], num_slots: int, alignment: int)
 
 
 def slack_bytes(
-    tensors: Iterable[Tensor], num_slots: int, allocator_slack: int, model: MemoryModel | None = None
+    tensors: Iterable[Tensor],
+    num_slots: int,
+    allocator_slack: int,
+    model: MemoryModel | None = None,
 ) -> int:
     """Max over slots of what the allocator can add to the live tenants: with a GPU target's
     ``model`` (``schema.targets``) its rounding and cache reuse, else sum of min(bytes, slack)."""

@@ -28,6 +28,7 @@ from dctms.schema.sizes import (
     recorded_run_ahead,
     slack_bytes,
 )
+from dctms.schema.targets import overhead, run_ahead_budget
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -40,8 +41,8 @@ from dctms.schema.types import (
     FusedWeight,
     Generator,
     LengthAffine,
-    MemoryModel,
     Lengths,
+    MemoryModel,
     ModelInfo,
     Op,
     Phase,
@@ -57,7 +58,6 @@ from dctms.schema.types import (
     Weights,
     WeightTensor,
 )
-from dctms.schema.targets import overhead, run_ahead_budget
 from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign, caches, limits
 from dctms.toolkit.common_ops import merge_common_ops
@@ -774,7 +774,9 @@ def memory_rules(backend: str, run_ahead: str, model: MemoryModel | None = None)
     (``schema.targets``); GPU plans traced natively keep the throttled widening they always had
     (they are not proven: their run-ahead is not modelled)."""
     if model is not None:
-        return MemoryRules(donation=False, run_ahead=run_ahead_budget(model), kernels=True, model=model)
+        return MemoryRules(
+            donation=False, run_ahead=run_ahead_budget(model), kernels=True, model=model
+        )
     if backend != "cpu":
         return MemoryRules(donation=False, run_ahead=THROTTLED_RUN_AHEAD)
     return MemoryRules(donation=True, run_ahead=RUN_AHEAD[run_ahead])

@@ -73,9 +73,7 @@ def target_slack(model: MemoryModel) -> int:
     return allocator_slack(model)
 
 
-def rounding_block(
-    model: MemoryModel, weights: Weights | None, kv: list[StateTensor]
-) -> int:
+def rounding_block(model: MemoryModel, weights: Weights | None, kv: list[StateTensor]) -> int:
     """Bytes the allocator's rounding and reuse add to every weight and KV array (one buffer each)."""
     arrays = [w.bytes for w in weights.tensors] if weights is not None else []
     arrays += [s.bytes for s in kv]
