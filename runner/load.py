@@ -75,8 +75,9 @@ def device_refusal(plan: Plan) -> str | None:
     want = model.name if model is not None else "gpu"
     have = runner_device()
     if have == "cpu" or (model is not None and have != model.name):
+        mine = "has no GPU (it runs on cpu)" if have == "cpu" else f"runs on {have}"
         return (
-            f"plan targets {want} (the gpu backend), this runner's MLX runs on {have}: run it on a "
+            f"plan targets {want} (the gpu backend), this runner's MLX {mine}: run it on a "
             f"{want} machine, or compile the model with --target {have}"
         )
     return None

@@ -275,7 +275,7 @@ def test_compile_metal_here_says_compiled_only_and_run_refuses(tiny_folder: Path
     ran = _dctms("run", str(plan), "--model", str(tiny_folder), "--prompt", "hi")
     assert ran.returncode == 2
     lines = ran.stderr.strip().splitlines()
-    assert len(lines) == 1 and "plan targets metal" in lines[0] and "runs on cpu" in lines[0]
+    assert len(lines) == 1 and "plan targets metal" in lines[0] and "has no GPU (it runs on cpu)" in lines[0]
 
 
 def test_compile_refuses_a_bad_target_in_one_line(tiny_folder: Path, tmp_path) -> None:
