@@ -33,6 +33,7 @@ COMMANDS = [
     "convert-gguf",
     "check",
     "explain",
+    "simulate",
 ]
 
 # The commands that compute with MLX: started with an optimised BLAS when MLX carries the

@@ -33,7 +33,9 @@ PAGE = 16 * KIB
 
 
 def _compile(target: str | None, **extra) -> Plan:
-    opts = CompileOptions(input_tokens=32, output_tokens=8, target=target, pack_seconds=0, **extra)
+    opts = CompileOptions(
+        input_tokens=32, output_tokens=8, target=target, pack_seconds=0.0, **extra
+    )
     return compile_plan(model_from_config(DEMO_CONFIG), opts)
 
 
@@ -275,7 +277,11 @@ def test_compile_metal_here_says_compiled_only_and_run_refuses(tiny_folder: Path
     ran = _dctms("run", str(plan), "--model", str(tiny_folder), "--prompt", "hi")
     assert ran.returncode == 2
     lines = ran.stderr.strip().splitlines()
-    assert len(lines) == 1 and "plan targets metal" in lines[0] and "has no GPU (it runs on cpu)" in lines[0]
+    assert (
+        len(lines) == 1
+        and "plan targets metal" in lines[0]
+        and "has no GPU (it runs on cpu)" in lines[0]
+    )
 
 
 def test_compile_refuses_a_bad_target_in_one_line(tiny_folder: Path, tmp_path) -> None:
