@@ -51,6 +51,19 @@ FAST_BLAS_COMMANDS = {
 }
 
 
+# The commands that run MLX: refused at start, in one line, on an MLX whose graph export and
+# allocators dctms does not know (dctms.schema.targets.SUPPORTED_MLX).
+MLX_COMMANDS = FAST_BLAS_COMMANDS | {"convert-gguf"}
+
+
+def _check_mlx() -> None:
+    from dctms.schema.targets import mlx_refusal
+
+    why = mlx_refusal()
+    if why is not None:
+        raise DctmsError(why)
+
+
 def one_line(text: str) -> str:
     """A message on one line (MLX's own errors span several)."""
     return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
@@ -95,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in MLX_COMMANDS:
+            _check_mlx()
         if args.command in MODEL_ARGUMENTS:  # ORG/NAME[@REVISION]: its cached snapshot folder
             resolve_model_arguments(args)
         return int(args.func(args) or 0)

@@ -150,6 +150,27 @@ def allocator_slack(model: MemoryModel) -> int:
     return 2 * model.page_bytes
 
 
+def installed_mlx() -> str | None:
+    """The installed MLX's version, from its package metadata (MLX itself is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mlx")
+    except PackageNotFoundError:
+        return None
+
+
+def mlx_refusal() -> str | None:
+    """Why the installed MLX cannot be used by a command that runs it, or None."""
+    found = installed_mlx()
+    if found is None:
+        return (
+            "MLX is not installed: pip install 'dctms[cpu]' (Linux, MLX on the CPU) or "
+            "'dctms[cuda]' (Linux, NVIDIA GPUs); on macOS 'dctms' brings MLX with Metal"
+        )
+    return unsupported_mlx(found)
+
+
 def mlx_minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 

@@ -28,6 +28,7 @@ from dctms.schema.verify import verify_plan
 from dctms.toolkit.compiler import CompileOptions, compile_plan
 from dctms.toolkit.tiny_model import DEMO_CONFIG
 
+ROOT = Path(__file__).resolve().parents[1]
 KIB = 1024
 PAGE = 16 * KIB
 
@@ -299,3 +300,49 @@ def test_compile_refuses_a_bad_target_in_one_line(tiny_folder: Path, tmp_path) -
     )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "--target 'rocm'" in out.stderr
+
+
+# --- the supported MLX ------------------------------------------------------------------------
+
+
+def test_an_unknown_mlx_is_refused_at_start_in_one_line(monkeypatch, capsys, tmp_path) -> None:
+    import importlib.metadata
+
+    from dctms.cli.main import main
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "0.33.0" if name == "mlx" else real(name)
+    )
+    status = main(["compile", str(tmp_path / "none.json"), "-N", "4", "-M", "4", "-o", "-"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1
+    assert "mlx 0.33.0 is not supported" in err[0] and "0.32.x" in err[0]
+    # a command that does not run MLX reads plans whatever MLX is installed
+    assert main(["validate", str(ROOT / "plans" / "qwen1.5b.plan")]) == 0
+
+
+def test_a_missing_mlx_is_refused_with_the_extras_to_install(monkeypatch) -> None:
+    import importlib.metadata
+
+    from dctms.schema import targets
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    why = targets.mlx_refusal()
+    assert why is not None and "dctms[cpu]" in why and "dctms[cuda]" in why
+
+
+def test_pyproject_states_the_supported_range_and_backend_extras() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "mlx>=0.32,<0.33" in project["dependencies"]
+    extras = project["optional-dependencies"]
+    assert extras["cpu"] == ["mlx[cpu]>=0.32,<0.33; platform_system == 'Linux'"]
+    assert extras["cuda"] == ["mlx[cuda]>=0.32,<0.33; platform_system == 'Linux'"]
+    from dctms.schema.targets import SUPPORTED_MLX
+
+    assert SUPPORTED_MLX == ("0.32",)
