@@ -34,6 +34,7 @@ COMMANDS = [
     "check",
     "explain",
     "simulate",
+    "selftest",
 ]
 
 # The commands that compute with MLX: started with an optimised BLAS when MLX carries the
@@ -53,7 +54,7 @@ FAST_BLAS_COMMANDS = {
 
 # The commands that run MLX: refused at start, in one line, on an MLX whose graph export and
 # allocators dctms does not know (dctms.schema.targets.SUPPORTED_MLX).
-MLX_COMMANDS = FAST_BLAS_COMMANDS | {"convert-gguf"}
+MLX_COMMANDS = FAST_BLAS_COMMANDS | {"convert-gguf", "selftest"}
 
 
 def _check_mlx() -> None:

@@ -346,3 +346,22 @@ def test_pyproject_states_the_supported_range_and_backend_extras() -> None:
     from dctms.schema.targets import SUPPORTED_MLX
 
     assert SUPPORTED_MLX == ("0.32",)
+
+
+def test_a_gpu_plan_runs_only_on_its_own_gpu(plans: dict[str, Plan], monkeypatch) -> None:
+    from dctms.runner import load
+
+    for device, metal, cuda in (
+        ("cpu", "has no GPU (it runs on cpu)", "has no GPU (it runs on cpu)"),
+        ("cuda", "runs on cuda", None),
+        ("metal", None, "runs on metal"),
+    ):
+        monkeypatch.setattr(load, "runner_device", lambda device=device: device)
+        for name, says in (("metal", metal), ("cuda", cuda)):
+            why = load.device_refusal(plans[name])
+            if says is None:
+                assert why is None, (device, name)
+            else:
+                assert why is not None and f"plan targets {name}" in why and says in why
+                assert "\n" not in why
+        assert load.device_refusal(plans["cpu"]) is None  # the CPU runs everywhere
