@@ -136,3 +136,22 @@ def test_command_line(tmp_path: Path) -> None:
     assert doc["ok"] and doc["peak"] <= doc["provable"] and doc["target"] == "metal"
     bad = _dctms("simulate", str(tmp_path / "missing.plan"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_speculative_and_vision_plans_stay_within_their_envelope() -> None:
+    from dctms.toolkit.plan_kinds import Images, PlanKind, compile_kind
+    from dctms.toolkit.tiny_model import DEMO_CONFIG
+    from dctms.toolkit.vision_tiny import gemma3_config
+
+    opts = CompileOptions(input_tokens=24, output_tokens=4, pack_seconds=0.0)
+    draft = compile_kind(
+        model_from_config(DEMO_CONFIG), opts, PlanKind(draft=model_from_config(DEMO_CONFIG))
+    )
+    sim = simulate(draft)
+    assert sim.ok and [p.name for p in sim.phases][-2:] == ["draft prefill", "draft decode"]
+    # both models' weights are allocated: the static part is above the target's own weights
+    assert sim.static > draft.envelope.parts[0].weights + draft.envelope.parts[1].weights
+    vision = compile_kind(
+        model_from_config(gemma3_config()), opts, PlanKind(images=Images(1, 32, 32))
+    )
+    assert simulate(vision).ok

@@ -124,22 +124,32 @@ def simulate(plan: Plan) -> Simulation:
     name = model.name if model is not None else target.backend
     static = _static(plan, model)
     limit = _memory_limit(plan)
+    # A speculative plan's draft phases run between the target's, never beside them.
+    phases = [(p.name, p) for p in plan.phases]
+    if plan.draft is not None:
+        phases += [(f"draft {p.name}", p) for p in plan.draft.phases]
     peaks = [
         PhasePeak(
-            p.name,
+            name,
             _phase_peak(p, model, static, limit, worst=False),
             _phase_peak(p, model, static, limit, worst=True),
         )
-        for p in plan.phases
+        for name, p in phases
     ]
     return Simulation(name, static, peaks, plan.envelope.provable)
 
 
 def _static(plan: Plan, model: MemoryModel | None) -> int:
+    """Both models' weights and KV arrays allocated once, plus the runner's persistent blocks."""
     alloc = Allocator(model, cache=False)
-    for w in plan.model.weights.tensors:
+    weights = list(plan.model.weights.tensors)
+    state = list(plan.state)
+    if plan.draft is not None:
+        weights += plan.draft.model.weights.tensors
+        state += plan.draft.state
+    for w in weights:
         alloc.malloc(w.bytes)
-    for s in plan.state:
+    for s in state:
         if s.kind == "kv":
             alloc.malloc(s.bytes)
         elif s.name != ROUNDING_BLOCK:
@@ -153,7 +163,7 @@ def _memory_limit(plan: Plan) -> int | None:
     if plan.target.backend != "cpu" or plan.target.run_ahead_dispatches >= FREE_RUN_AHEAD:
         return None  # free run-ahead: the plan claims the runner's limit is never reached
     largest = 0
-    for phase in plan.phases:
+    for phase in [*plan.phases, *(plan.draft.phases if plan.draft else ())]:
         ev = _events(phase, False)
         largest = max([largest, *(sum(b for _, b in a) for a in ev.allocs)])
     return plan.envelope.provable - largest
