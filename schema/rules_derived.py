@@ -20,8 +20,9 @@ here, so an edit that lowers it (and re-stamps the digest) is still refused:
   from the plan: 1 for an op whose outputs are all views (a donated output is not: its op still
   runs a kernel), 3 for ``DynamicSliceUpdate`` and
   ``SliceUpdate``, 2 otherwise (``dctms.toolkit.memory_model``'s counts). On a GPU target
-  (``target.memory_model``) the budget counts kernel ops instead: 0 for an op whose outputs are all
-  views (it encodes no kernel), 1 for every other (``schema.targets``).
+  (``target.memory_model``) the budget counts kernel ops instead: 0 for an op that may encode no
+  kernel (a view or reshape primitive, ``AsType``, an op whose outputs are all views or all empty),
+  1 for every other (``schema.targets.kernel_ops``).
 - ``persistent_state`` on a GPU target also covers what the allocator's rounding and cache reuse add
   to every weight and KV array (``schema.targets.overhead``).
 """
@@ -36,7 +37,7 @@ from dctms.schema.aliasing import DONATING
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.rules_runner import runnable
 from dctms.schema.sizes import ITEMSIZE, is_arena_tenant, run_ahead_end
-from dctms.schema.targets import overhead
+from dctms.schema.targets import kernel_ops, overhead
 from dctms.schema.vision_bytes import input_copies, vision_phases
 
 Finding = tuple[str, str]
@@ -131,11 +132,14 @@ def op_dispatches(phase, order: list[int], kernels: bool) -> list[int]:
     ``kernels`` (a GPU target) the kernel ops: 0 for an op making views only, else 1."""
     views = {t.id for t in phase.tensors if t.view_of is not None}
     own_views = {t.id for t in phase.tensors if t.view_of is not None and t.kind != "state"}
+    size = {t.id: t.bytes for t in phase.tensors}
     dispatches = []
     for op_position in order:
         op = phase.ops[op_position]
         if kernels:
-            dispatches.append(0 if op.outputs and all(t in own_views for t in op.outputs) else 1)
+            views_only = bool(op.outputs) and all(t in own_views for t in op.outputs)
+            empty = all(size.get(t, 1) == 0 for t in op.outputs)
+            dispatches.append(kernel_ops(op.primitive, views_only, empty))
         elif op.primitive in THREE_DISPATCHES:
             dispatches.append(3)
         elif op.outputs and all(t in views for t in op.outputs) and op.primitive not in DONATING:

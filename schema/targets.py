@@ -41,6 +41,7 @@ Blackwell, device.cpp:181-202): the largest, 100, is modelled. The CUDA context,
 
 from __future__ import annotations
 
+from dctms.schema.aliasing import RESHAPES, VIEW_ALWAYS
 from dctms.schema.types import MemoryModel
 
 MLX_SOURCE = "0.32"  # the MLX minor whose allocator source the models follow
@@ -85,6 +86,18 @@ GPU_TARGETS = tuple(NOT_MODELLED)  # "metal", "cuda"
 TARGETS = ("cpu", *GPU_TARGETS)
 # The roofline profile a target gets when none is named (profiles are the toolkit's; names here).
 DEFAULT_TARGET_PROFILE = {"metal": "apple-m4-16gb", "cuda": "apple-m4-16gb"}
+
+
+# Primitives that may encode no kernel on the GPU (a view, a reshape MLX may do as a view, an AsType
+# to its own dtype): counted as 0 kernel ops, so a command buffer may hold any number of them (the
+# safe side: fewer counted ops widen lifetimes further). An op whose outputs are all views or all
+# empty counts 0 too; every other op at least 1 (``kernel_ops``).
+NO_KERNEL = VIEW_ALWAYS | RESHAPES | {"AsType"}
+
+
+def kernel_ops(primitive: str, views_only: bool, empty: bool) -> int:
+    """The kernel ops the budget counts for one op (a lower bound on its kernel dispatches)."""
+    return 0 if primitive in NO_KERNEL or views_only or empty else 1
 
 
 def ops_per_buffer(name: str, profile: str) -> int:

@@ -365,3 +365,17 @@ def test_a_gpu_plan_runs_only_on_its_own_gpu(plans: dict[str, Plan], monkeypatch
                 assert why is not None and f"plan targets {name}" in why and says in why
                 assert "\n" not in why
         assert load.device_refusal(plans["cpu"]) is None  # the CPU runs everywhere
+
+
+def test_kernel_ops_count_what_may_encode_no_kernel_as_none(plans: dict[str, Plan]) -> None:
+    from dctms.schema.rules_derived import op_dispatches
+    from dctms.schema.targets import kernel_ops
+
+    assert kernel_ops("Reshape", False, False) == 0  # MLX may reshape as a view
+    assert kernel_ops("AsType", False, False) == 0  # to its own dtype it returns early
+    assert kernel_ops("Matmul", False, True) == 0  # an empty output encodes nothing
+    assert kernel_ops("Matmul", False, False) == 1
+    phase = plans["metal"].phases[0]
+    counts = op_dispatches(phase, list(range(len(phase.ops))), kernels=True)
+    by = {op.primitive: c for op, c in zip(phase.ops, counts, strict=True)}
+    assert by["Matmul"] == 1 and by["Reshape"] == 0 and by["Transpose"] == 0

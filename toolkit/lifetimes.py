@@ -36,11 +36,13 @@ that set, mlx/backend/cpu/eval.cpp). Any donation left out of the plan only lowe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
 from dctms.schema.sizes import FREE_RUN_AHEAD, ITEMSIZE, nbytes, run_ahead_end
+from dctms.schema.targets import kernel_ops
 from dctms.schema.types import MemoryModel
 from dctms.toolkit.memory_model import Layout, donated_layout, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
@@ -169,8 +171,9 @@ def analyse(
         )
         scratch[pos] = mem.scratch
         if rules.kernels:
-            views_only = mem.effects and all(e.kind == "view" for e in mem.effects)
-            dispatches[pos] = 0 if views_only else 1
+            views_only = bool(mem.effects) and all(e.kind == "view" for e in mem.effects)
+            empty = all(math.prod(tensors[t].shape) == 0 for t in op.outputs)
+            dispatches[pos] = kernel_ops(op.primitive, views_only, empty)
         else:
             dispatches[pos] = mem.dispatches
         for t in op.inputs:
