@@ -31,6 +31,9 @@ PROFILE_NAMES = (
     "apple-m4-pro",
     "cpu-x86-2core",
     "cpu-x86-2core-openblas",
+    "nvidia-a100-sxm",
+    "nvidia-h100-sxm",
+    "nvidia-h200-sxm",
 )
 
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")

@@ -35,7 +35,7 @@ power of two (173-174), a larger one to whole pages (175-176); the same buffer c
 and ``active_memory_ += buf->size`` (237). Inputs are held until the CUDA graph they were added to
 completes (mlx/backend/cuda/eval.cpp:60-76, device.cpp:463-467); a graph is committed past
 ``max_ops_per_graph`` kernel nodes (device.cpp:458-461; 20, or 100 on H100/B200/consumer
-Blackwell, device.cpp:181-202): the largest, 100, is modelled. The CUDA context, the
+Blackwell, device.cpp:181-202): the profile's (``cuda-nvidia-a100-sxm``: 20), else the largest. The CUDA context, the
 ``cudaMallocAsync`` pools' reserve and CUDA graphs' own memory are outside MLX's count.
 """
 
@@ -63,7 +63,10 @@ APPLE_CLASS = {
     "apple-m4-pro": "g",
     "apple-m4-max": "s",
 }
-CUDA_OPS = 100  # the largest of get_graph_limits' defaults (device.cpp:184-195)
+# CUDA's default kernel ops per graph by compute capability (get_graph_limits, device.cpp:181-202):
+# 20 by default and on A100 (8.0), 100 on H100/H200 (9.0), B200 and consumer Blackwell; a profile
+# naming no NVIDIA GPU gets the largest.
+CUDA_OPS = {"nvidia-a100-sxm": 20, "nvidia-h100-sxm": 100, "nvidia-h200-sxm": 100}
 
 NOT_MODELLED = {
     "metal": [
@@ -85,7 +88,7 @@ NOT_MODELLED = {
 GPU_TARGETS = tuple(NOT_MODELLED)  # "metal", "cuda"
 TARGETS = ("cpu", *GPU_TARGETS)
 # The roofline profile a target gets when none is named (profiles are the toolkit's; names here).
-DEFAULT_TARGET_PROFILE = {"metal": "apple-m4-16gb", "cuda": "apple-m4-16gb"}
+DEFAULT_TARGET_PROFILE = {"metal": "apple-m4-16gb", "cuda": "nvidia-h100-sxm"}
 
 
 # Primitives that may encode no kernel on the GPU (a view, a reshape MLX may do as a view, an AsType
@@ -106,7 +109,7 @@ def ops_per_buffer(name: str, profile: str) -> int:
     if name == "metal":
         cls = APPLE_CLASS.get(profile)
         return METAL_OPS[cls] if cls is not None else max(METAL_OPS.values())
-    return CUDA_OPS
+    return CUDA_OPS.get(profile, max(CUDA_OPS.values()))
 
 
 def derive(name: str, profile: str) -> MemoryModel:

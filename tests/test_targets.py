@@ -91,7 +91,9 @@ def test_metal_ops_per_buffer_follow_the_profile_class() -> None:
     assert derive("metal", "apple-m4-16gb").ops_per_buffer == METAL_OPS["g"] == 40
     assert derive("metal", "apple-m4-max").ops_per_buffer == METAL_OPS["s"] == 50
     assert derive("metal", "cpu-x86-2core").ops_per_buffer == 50  # no class: the largest
-    assert derive("cuda", "apple-m4-16gb").ops_per_buffer == 100
+    assert derive("cuda", "nvidia-h100-sxm").ops_per_buffer == 100
+    assert derive("cuda", "nvidia-a100-sxm").ops_per_buffer == 20
+    assert derive("cuda", "apple-m4-16gb").ops_per_buffer == 100  # no NVIDIA class: the largest
     m = derive("metal", "apple-m4-16gb")
     assert run_ahead_budget(m) == (10 + 1) * (40 + 1)
     assert allocator_slack(m) == 2 * PAGE
@@ -148,6 +150,7 @@ def test_cross_compile_is_deterministic() -> None:
         ("cpu", {"backend": "gpu"}, "pick one"),
         ("metal-apple-m1", {"profile": "apple-m4-max"}, "two profiles"),
         ("cuda", {"ranks": 2, "parallel": "pipeline"}, "not supported with --ranks"),
+        ("cuda-nvidia-a100-sxm", {"profile": "nvidia-h100-sxm"}, "two profiles"),
     ],
 )
 def test_bad_targets_are_refused(target: str, extra: dict, says: str) -> None:
