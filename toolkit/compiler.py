@@ -333,7 +333,8 @@ def resolve_settings(
             return Settings(
                 dtype, chunk, "gpu", target.profile, target_slack(target.model), target.model
             )
-    backend = opts.backend or ("gpu" if mx.default_device() == mx.gpu else "cpu")
+    default = "gpu" if mx.default_device() == mx.gpu and opts.target is None else "cpu"
+    backend = opts.backend or default
     return Settings(
         dtype=dtype,
         prefill_chunk=chunk,
