@@ -19,10 +19,11 @@ here, so an edit that lowers it (and re-stamps the digest) is still refused:
   worker before the reader has run, capped at the segment's sync point. Dispatches per op follow
   from the plan: 1 for an op whose outputs are all views (a donated output is not: its op still
   runs a kernel), 3 for ``DynamicSliceUpdate`` and
-  ``SliceUpdate``, 2 otherwise (``dctms.toolkit.memory_model``'s counts). On a GPU target
-  (``target.memory_model``) the budget counts kernel ops instead: 0 for an op that may encode no
-  kernel (a view or reshape primitive, ``AsType``, an op whose outputs are all views or all empty),
-  1 for every other (``schema.targets.kernel_ops``).
+  ``SliceUpdate``, 1 for a ``Scatter`` into state (a batched decode's KV write), 2 otherwise
+  (``dctms.toolkit.memory_model``'s counts). On a GPU target (``target.memory_model``) the budget
+  counts kernel ops instead: 0 for an op that may encode no kernel (a view or reshape primitive,
+  ``AsType``, an op whose outputs are all views or all empty), 1 for every other
+  (``schema.targets.kernel_ops``).
 - ``persistent_state`` on a GPU target also covers what the allocator's rounding and cache reuse add
   to every weight and KV array (``schema.targets.overhead``).
 """
@@ -133,6 +134,7 @@ def op_dispatches(phase, order: list[int], kernels: bool) -> list[int]:
     views = {t.id for t in phase.tensors if t.view_of is not None}
     own_views = {t.id for t in phase.tensors if t.view_of is not None and t.kind != "state"}
     size = {t.id: t.bytes for t in phase.tensors}
+    state = {b.id for b in phase.inputs if b.kind == "state"}
     dispatches = []
     for op_position in order:
         op = phase.ops[op_position]
@@ -142,6 +144,8 @@ def op_dispatches(phase, order: list[int], kernels: bool) -> list[int]:
             dispatches.append(kernel_ops(op.primitive, views_only, empty))
         elif op.primitive in THREE_DISPATCHES:
             dispatches.append(3)
+        elif op.primitive == "Scatter" and op.inputs and op.inputs[0] in state:
+            dispatches.append(1)  # into the donated state: no copy kernel, one scatter
         elif op.outputs and all(t in views for t in op.outputs) and op.primitive not in DONATING:
             dispatches.append(1)
         else:

@@ -81,6 +81,9 @@ def _run(args: argparse.Namespace, target) -> int:
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_kind(open_model(args.model), opts, plan_kind(args), progress)
     plan = with_hub(plan, getattr(args, "hub", {}).get("model"))
+    if plan.bounds.batch > 1 and shortfall(plan.envelope):
+        # bad input, like --batch 0: nothing is written (reserve_output removes the reservation)
+        raise DctmsError(batch_over_budget(plan))
     if target is not None:
         target.write(encode_plan(plan))
     else:
@@ -97,6 +100,27 @@ def _run(args: argparse.Namespace, target) -> int:
         print(f"dctms compile: {short}", file=sys.stderr)
         return 1
     return 0
+
+
+def batch_over_budget(plan) -> str:
+    """``--batch B`` beyond the ``--memory`` budget, and the largest B that fits. Fewer slots
+    shrink the KV state by one slot each and never grow the phases' arenas (a decode step of fewer
+    rows is smaller), so the figure keeps this plan's other terms: a plan at that B fits."""
+    env, b = plan.envelope, plan.bounds.batch
+    per_slot = env.kv // b
+    fixed = env.total - env.kv
+    fits = (env.device - fixed) // per_slot if per_slot and env.device > fixed else 0
+    fits = min(fits, b - 1)
+    head = (
+        f"--batch {b} needs M_max {human(env.total)} ({env.total:,} B), beyond the "
+        f"{human(env.device)} ({env.device:,} B) budget"
+    )
+    if fits < 1:
+        return f"{head}; not even one slot fits (each holds {human(per_slot)} of KV)"
+    return (
+        f"{head}; the largest batch that fits is --batch {fits} "
+        f"(at most {human(fixed + fits * per_slot)}; {human(per_slot)} of KV per slot)"
+    )
 
 
 def summary_line(plan, written: str) -> str:
