@@ -92,6 +92,7 @@ def compile_plan(
     dtype: str | None = None,
     memory: int | str | None = None,
     backend: Literal["cpu", "gpu"] | None = None,
+    target: str | None = None,
     alignment: int = 64,
     profile: str | None = None,
     sync_every: int = 0,
@@ -130,6 +131,8 @@ def compile_plan(
     layers per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every
     rank's. ``sampling`` is ``--sampling``: mlx-lm's sampler, logits processors and the top
     log-probabilities traced into the plan (per-call settings; see ``dctms run --help``).
+    ``target`` is ``--target``: "cpu", "metal[-PROFILE]" or "cuda[-PROFILE]" (a GPU's memory
+    model from MLX's source: the graph is traced on the CPU on any machine; see the docs' Targets).
     ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
     from dctms.figures.budget import shortfall
@@ -144,6 +147,7 @@ def compile_plan(
         dtype=dtype,
         device_memory=_bytes(memory, "memory"),
         backend=backend,
+        target=target,
         alignment=alignment,
         profile=profile,
         hash_weights=hash_weights,
@@ -208,6 +212,7 @@ def fit(
     prefill_chunk: int | None = None,
     dtype: str | None = None,
     backend: Literal["cpu", "gpu"] | None = None,
+    target: str | None = None,
     alignment: int = 64,
     profile: str | None = None,
     sync_every: int = 0,
@@ -258,6 +263,7 @@ def fit(
         dtype=dtype,
         device_memory=budget,
         backend=backend,
+        target=target,
         alignment=alignment,
         profile=profile,
         hash_weights=hash_weights,
