@@ -111,6 +111,8 @@ def compile_plan(
     parallel: Literal["pipeline", "tensor"] | None = None,
     split: tuple[int, ...] | None = None,
     sampling: bool = False,
+    prefix_blocks: int = 0,
+    prefix_cache: int | str | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -133,7 +135,9 @@ def compile_plan(
     log-probabilities traced into the plan (per-call settings; see ``dctms run --help``).
     ``target`` is ``--target``: "cpu", "metal[-PROFILE]" or "cuda[-PROFILE]" (a GPU's memory
     model from MLX's source: the graph is traced on the CPU on any machine; see the docs' Targets).
-    ``progress`` receives one line per compiler pass. Weights are never loaded.
+    ``batch`` > 1 plans that many slots (sequences in flight at once, each at its own position;
+    ``dctms.runner.batch``); ``prefix_blocks`` (or ``prefix_cache``, bytes or a size) adds a
+    prompt-prefix pool of that many blocks (``dctms.toolkit.prefix_pool``). ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
     from dctms.figures.budget import shortfall
     from dctms.schema.model_folder import open_model
@@ -166,6 +170,8 @@ def compile_plan(
         parallel=parallel,
         split=split,
         sampling=sampling,
+        prefix_blocks=prefix_blocks,
+        prefix_cache=_bytes(prefix_cache, "prefix_cache"),
     )
     plan = _compile(open_model(model), options, progress)
     short = shortfall(plan.envelope)

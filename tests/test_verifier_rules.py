@@ -682,6 +682,11 @@ CASES: list[tuple[str, str, Break]] = [
     ),
     ("compile_request", "kv bits differ from bounds.kv", lambda p: with_request(p, kv_bits=4)),
     (
+        "prefix_pool",
+        "a prefix-pool state in a plan whose bounds have no pool",
+        lambda p: replace(p, state=[*p.state, replace(p.state[0], name="layers.0.keys.pool")]),
+    ),
+    (
         "quantized_start",
         "a quantised KV cache without its prefill_start phase",
         lambda p: _with_prefill(
