@@ -153,7 +153,9 @@ def map_lines(table: list[int | None], block_tokens: int, width: int = 64) -> li
     """The block map in lines of ``width`` blocks, each led by its first block's number."""
     drawn = block_map(table, block_tokens)
     digits = len(str(max(len(drawn) - 1, 0)))
-    return [f"{start:>{digits}} {drawn[start : start + width]}" for start in range(0, len(drawn), width)]
+    return [
+        f"{start:>{digits}} {drawn[start : start + width]}" for start in range(0, len(drawn), width)
+    ]
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,12 @@ class TurnRow:
 def turn_rows(run: PoolRun) -> list[TurnRow]:
     return [
         TurnRow(
-            t.turn, t.prompt_tokens, t.cached_tokens, len(t.hits), len(t.saved), len(t.evicted),
+            t.turn,
+            t.prompt_tokens,
+            t.cached_tokens,
+            len(t.hits),
+            len(t.saved),
+            len(t.evicted),
             "" if t.table is None else block_map(t.table, run.block_tokens),
         )  # fmt: skip
         for t in run.turns

@@ -123,7 +123,7 @@ class PrefixIndex:
         batch are looked up at admission and saved after their prefill, interleaved)."""
         if self.events is None:
             return None
-        for i, (looked_up, event) in enumerate(self._open):
+        for i, (looked_up, _event) in enumerate(self._open):
             if looked_up == prompt:
                 return self._open.pop(i)[1]
         event = PoolEvent(len(prompt))  # saved without a lookup
