@@ -5,7 +5,9 @@ prompt of turn k is the whole conversation so far (every earlier message and ans
 chat template, as a chat client re-sends it. With a plan compiled with ``--prefix-blocks`` the
 earlier turns' prompt chunks are found in the pool (``runner.prefix_cache``) and only the rest is
 prefilled; one JSON line per turn on stdout says how many prompt tokens came from the pool, and the
-answer's ids are those a plan without the pool generates.
+answer's ids are those a plan without the pool generates. The report (``--report``) keeps the pool's
+events per turn (blocks hit, saved, evicted; the block table after it): ``dctms show PLAN --run
+REPORT`` and ``dctms-tui PLAN --run REPORT`` draw them.
 """
 
 from __future__ import annotations
@@ -89,10 +91,7 @@ def run_conversation(args: argparse.Namespace, plan, model, target) -> int:
         "provable_bytes": plan.envelope.provable,
         "observed": {"mlx_peak_bytes": observed},
         "within_envelope": within,
-        "prefix_pool": None if pool is None else {
-            "blocks": pool.blocks, "block_tokens": pool.block_tokens, "used": pool.used,
-            **vars(pool.stats), "table": pool.table(),
-        },
+        "prefix_pool": None if pool is None else pool.summary(),
         "pool_events": pool_events,  # per turn: blocks hit, saved, evicted; the table after it
     }  # fmt: skip
     if target is not None:
