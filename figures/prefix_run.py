@@ -187,7 +187,7 @@ def turn_rows(run: PoolRun) -> list[TurnRow]:
 def totals_line(run: PoolRun) -> str:
     used = sum(tokens is not None for tokens in run.table)
     return (
-        f"{len(run.turns)} turns: {run.hit_blocks} blocks hit ({run.cached_tokens:,} prompt tokens "
-        f"not prefilled), {run.saved_blocks} saved, {run.evictions} evicted; {used} of "
-        f"{run.blocks} blocks in use at the end"
+        f"{len(run.turns)} turns; blocks hit {run.hit_blocks} ({run.cached_tokens:,} prompt tokens "
+        f"not prefilled), saved {run.saved_blocks}, evicted {run.evictions}; {used} of "
+        f"{run.blocks} in use at the end"
     )

@@ -26,13 +26,17 @@ def fixed_prompts() -> list[list[int]]:
     return [a[:18], a, b, a]
 
 
-def compile_pool_plans(root: Path) -> dict[str, Path]:
-    """The tiny model and its plans: ``plain`` (no pool), ``small`` (2 blocks), ``pool`` (8)."""
+PLANS = {"plain": [], "small": ["--prefix-blocks", "2"], "pool": ["--prefix-blocks", "8"]}
+
+
+def compile_pool_plans(root: Path, names: tuple[str, ...] = tuple(PLANS)) -> dict[str, Path]:
+    """The tiny model and its plans ``names`` of ``plain`` (no pool), ``small`` (2 blocks) and
+    ``pool`` (8 blocks)."""
     from dctms.toolkit.tiny_model import write_tiny_model
 
     out = {"model": write_tiny_model(root / "model", TINY_QWEN2)}
-    for name, extra in (("plain", []), ("small", ["--prefix-blocks", "2"]),
-                        ("pool", ["--prefix-blocks", "8"])):  # fmt: skip
+    for name in names:
+        extra = PLANS[name]
         out[name] = root / f"{name}.plan"
         result = cli("compile", str(out["model"]), *BOUNDS, *extra, "-o", str(out[name]))
         assert result.code == 0, result.err

@@ -126,8 +126,9 @@ def test_show_run_draws_the_map_and_the_turns(tiny, conversation) -> None:
     ]  # fmt: skip
     pool = data["prefix_pool"]
     assert (
-        f"{pool['hit_blocks']} blocks hit ({pool['hit_tokens']:,} prompt tokens not prefilled), "
-        f"{pool['saved_blocks']} saved, {pool['evictions']} evicted" in result.out
+        f"4 turns; blocks hit {pool['hit_blocks']} ({pool['hit_tokens']:,} prompt tokens not "
+        f"prefilled), saved {pool['saved_blocks']}, evicted {pool['evictions']}; 2 of 2 in use"
+        in result.out
     )
     as_json = json.loads(cli("show", str(tiny["small"]), "--json", "--run",
                              str(conversation["small"])).out)  # fmt: skip

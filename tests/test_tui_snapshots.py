@@ -67,7 +67,7 @@ def pool_run(tmp_path_factory):
     from dctms.schema.io import read_plan
 
     root = tmp_path_factory.mktemp("pool-snapshot")
-    plans = compile_pool_plans(root)
+    plans = compile_pool_plans(root, ("small",))
     report = root / "fixed-run.json"
     report.write_text(json.dumps(record_fixed_run(plans["small"], plans["model"])))
     plan = read_plan(plans["small"])
