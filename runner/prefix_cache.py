@@ -90,12 +90,14 @@ class PrefixIndex:
         return found
 
     def to_save(self, prompt: tuple[int, ...]) -> list[tuple[int, int]]:
-        """(position, block) for every whole chunk of ``prompt`` not in the pool yet, each given a
-        block (a free one, else the least recently used one's); chunks already there become
-        recent."""
+        """(position, block) for every whole chunk of ``prompt`` not in the pool yet, in order, each
+        given a block (a free one, else the least recently used one's); chunks already there become
+        recent. A chunk is found only behind all the chunks before it, so the prompt's own chunks
+        are never evicted for its later ones: when only they are left, the rest is not saved."""
         t = self.block_tokens
         out = []
         event = self._event_for(prompt)
+        chain = {prompt[:end] for end in range(t, len(prompt) + 1, t)}
         for end in range(t, len(prompt) + 1, t):
             key = prompt[:end]
             if key in self._by_prefix:
@@ -103,13 +105,14 @@ class PrefixIndex:
                 continue
             if self._free:
                 block = self._free.pop(0)
-            elif self._by_prefix:
-                old, block = self._by_prefix.popitem(last=False)
+            else:
+                old = next((k for k in self._by_prefix if k not in chain), None)
+                if old is None:
+                    break  # the pool holds this prompt's first chunks only (or has no block)
+                block = self._by_prefix.pop(old)
                 self.stats.evictions += 1
                 if event is not None:
                     event.evicted.append((block, len(old)))
-            else:
-                break  # a pool of no blocks
             self._by_prefix[key] = block
             out.append((end - t, block))
         self.stats.saved_blocks += len(out)

@@ -19,7 +19,8 @@ CHUNK = 16
 
 def fixed_prompts() -> list[list[int]]:
     """A; A and more (hits A's chunk, saves its second); B (evicts A's first chunk); A and more
-    again (A's first chunk is gone, so nothing hits, and saving it evicts the rest)."""
+    again (A's first chunk is gone, so nothing hits; saving it evicts B's chunk, never A's second,
+    which it keeps behind its first)."""
     rng = random.Random(31)
     a = [rng.randrange(256) for _ in range(46)]
     b = [rng.randrange(256) for _ in range(20)]
