@@ -53,7 +53,7 @@ def compile_ranks_command(args: argparse.Namespace) -> int:
     from dctms.schema.io import encode_plan
     from dctms.schema.model_folder import open_model
     from dctms.schema.output import check_output_folder, write_output
-    from dctms.toolkit.distributed import choose_split, compile_ranks
+    from dctms.toolkit.kinds.distributed import choose_split, compile_ranks
     from dctms.views.ranks import rank_table
 
     if args.ranks < 2:

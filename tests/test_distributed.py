@@ -20,7 +20,7 @@ from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.io import read_plan
 from dctms.schema.model_folder import open_model_folder
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.distributed import (
+from dctms.toolkit.kinds.distributed import (
     Call,
     balanced_split,
     compile_ranks,

@@ -33,6 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "tui": {"schema", "figures"},  # the inspector: no compiler module
     "benchmark": {"schema", "figures", "toolkit", "runner"},  # compiles and runs for A/B runs
     "serve": {"schema", "figures", "runner"},  # HTTP around the runner: no compiler
+    "convert": {"schema"},  # imports other formats' models (GGUF): an import tool, no compiler
 }
 ANYTHING = ("cli",)  # the command line is the one room above all others
 ROOMS = sorted([*ALLOWED, *ANYTHING])

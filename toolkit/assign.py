@@ -20,8 +20,8 @@ import heapq
 from collections.abc import Sequence
 
 from dctms.schema.sizes import align_up
-from dctms.toolkit.pack_problem import live_max, make_problem
-from dctms.toolkit.pack_solve import Packing, solve
+from dctms.toolkit.pack.problem import live_max, make_problem
+from dctms.toolkit.pack.solve import Packing, solve
 
 __all__ = ["Packing", "align_up", "colour", "lower_bound", "pack", "solve"]
 

@@ -19,7 +19,7 @@ from dctms.schema.model_folder import model_from_config, open_model
 from dctms.schema.types import Plan
 from dctms.toolkit.check import options_of
 from dctms.toolkit.compiler import CompileOptions
-from dctms.toolkit.plan_kinds import compile_kind, kind_of
+from dctms.toolkit.kinds.dispatch import compile_kind, kind_of
 
 # knob -> the CompileOptions field it sets
 KNOBS = {"chunk": "prefill_chunk", "N": "input_tokens", "M": "output_tokens", "batch": "batch"}

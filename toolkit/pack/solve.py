@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dctms.toolkit.pack_coarsen import coarsen
-from dctms.toolkit.pack_greedy import best_fit_within, greedy_orders
-from dctms.toolkit.pack_online import online_best_fit
-from dctms.toolkit.pack_problem import Problem, Sweep, granule, live_max, make_problem, sweep
-from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE, Outcome, PartSearch
-from dctms.toolkit.pack_skyline import ORDERS, fill
+from dctms.toolkit.pack.coarsen import coarsen
+from dctms.toolkit.pack.greedy import best_fit_within, greedy_orders
+from dctms.toolkit.pack.online import online_best_fit
+from dctms.toolkit.pack.problem import Problem, Sweep, granule, live_max, make_problem, sweep
+from dctms.toolkit.pack.search import BUDGET, FOUND, INFEASIBLE, Outcome, PartSearch
+from dctms.toolkit.pack.skyline import ORDERS, fill
 
 # Search work (array elements touched, see pack_search) per CPU second on the development machine.
 WORK_PER_SECOND = 100_000_000

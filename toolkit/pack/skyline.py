@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE
+from dctms.toolkit.pack.search import BUDGET, FOUND, INFEASIBLE
 
 # How the buffers starting at a point are tried, in the order the solver cycles through them.
 ORDERS = ("largest", "area")

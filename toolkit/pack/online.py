@@ -15,7 +15,7 @@ import heapq
 
 import numpy as np
 
-from dctms.toolkit.pack_problem import Problem
+from dctms.toolkit.pack.problem import Problem
 
 # Holes smaller than size + align - 1 tried (smallest first) before the smallest one that surely
 # holds the buffer: an alignment may make such a hole useless, and there may be many of them.
