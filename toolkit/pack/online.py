@@ -3,7 +3,7 @@ best-fitting hole of the address space at that moment (the holes the buffers sti
 
 One pass over the 2n events with the holes kept sorted by size and by address, so its cost is
 n log n plus the shifting of those lists, however many buffers are live together: the fallback
-when greedy best-fit (``pack_greedy``), which examines every placed buffer a placement may
+when greedy best-fit (``greedy``), which examines every placed buffer a placement may
 overlap, would cost more than the budget allows (40,000 buffers live at once). It cannot see
 ahead, so its arena is usually above greedy best-fit's; the search may lower it after.
 """
