@@ -41,6 +41,7 @@ from dctms.schema import (
     rules_request,
     rules_runner,
     rules_sampling,
+    rules_target,
     rules_totals,
     rules_vision,
 )
@@ -85,6 +86,7 @@ RULES: dict[str, Rule] = {
     "stats": rules_totals.stats,
     "runner_names": rules_runner.runner_names,
     "quantized_start": rules_runner.quantized_start,
+    "prefix_pool": rules_runner.prefix_pool,
     "sampling": rules_sampling.sampling,
     "vocabulary": rules_runner.vocabulary,
     "state_capacity": rules_runner.state_capacity,
@@ -93,6 +95,7 @@ RULES: dict[str, Rule] = {
     "runtime_floor": rules_derived.runtime_floor,
     "dynamic_scratch": rules_derived.dynamic_scratch,
     "run_ahead": rules_derived.run_ahead,
+    "memory_model": rules_target.memory_model,
     "lengths": rules_lengths.lengths,
     "index_safety": rules_index.index_safety,
     "compile_request": rules_request.compile_request,
