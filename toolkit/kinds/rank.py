@@ -367,9 +367,11 @@ class RankTracer(PhaseTracer):
             phase = super().prefill(tokens, window, *rest, paths=paths)
         return rewrite_collectives(phase, self.rank.recorder.calls)
 
-    def decode(self, window: int, paths: bool = False) -> TracedPhase:
+    def decode(
+        self, window: int, name: str = "decode", paths: bool = False, rows: int | None = None
+    ) -> TracedPhase:
         with self.rank.recorder.active():
-            phase = super().decode(window, paths=paths)
+            phase = super().decode(window, name=name, paths=paths, rows=rows)
         return rewrite_collectives(phase, self.rank.recorder.calls)
 
 
