@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args.levels = [int(x) for x in args.levels.split(",")]
     folder = args.model
     if folder is None:
-        from dctms.toolkit.real_model import prepare, real_model
+        from dctms.convert.real_model import prepare, real_model
 
         folder = prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
     with tempfile.TemporaryDirectory() as tmp:

@@ -59,7 +59,7 @@ def read_prompt_lines(path: str) -> list[dict]:
 
 
 def run_batch_prompts(args: argparse.Namespace, plan, model, target) -> int:
-    from dctms.cli.commands.run import EXIT_OVER_ENVELOPE
+    from dctms.cli.run_summary import EXIT_OVER_ENVELOPE
     from dctms.runner.batch import BatchSession, EnvelopeExceeded
     from dctms.runner.measure import RssSampler
     from dctms.runner.request import RequestRefused, validate_request

@@ -17,7 +17,7 @@ from dctms.schema.errors import DctmsError
 
 if TYPE_CHECKING:
     from dctms.toolkit.compiler import CompileOptions
-    from dctms.toolkit.plan_kinds import PlanKind
+    from dctms.toolkit.kinds.dispatch import PlanKind
 
 
 # Known target profiles, listed here so `--help` needs no compiler import (a test keeps them equal
@@ -296,7 +296,7 @@ def add_plan_kind_options(parser: argparse.ArgumentParser) -> None:
 def plan_kind(args: argparse.Namespace) -> PlanKind:
     """The plan kind the parsed options ask for; one line naming a missing companion option."""
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.plan_kinds import TEXT, Images, PlanKind
+    from dctms.toolkit.kinds.dispatch import TEXT, Images, PlanKind
 
     if args.num_draft is not None and not args.draft:
         raise DctmsError("--num-draft needs --draft DRAFT (the draft model)")
@@ -304,7 +304,7 @@ def plan_kind(args: argparse.Namespace) -> PlanKind:
     if args.overlap and args.images is None:
         raise DctmsError("--overlap is for vision-language plans (with --images and --image-size)")
     if args.images is not None or args.image_size is not None:
-        from dctms.toolkit.vision_compile import parse_image_size
+        from dctms.toolkit.vision.compiler import parse_image_size
 
         if args.images is None or args.image_size is None:
             raise DctmsError("vision-language plans need both --images K and --image-size HxW")

@@ -38,7 +38,7 @@ def read_conversation(path: str) -> tuple[str | None, list[str]]:
 
 
 def run_conversation(args: argparse.Namespace, plan, model, target) -> int:
-    from dctms.cli.commands.run import EXIT_OVER_ENVELOPE
+    from dctms.cli.run_summary import EXIT_OVER_ENVELOPE
     from dctms.runner.batch import BatchSession, EnvelopeExceeded
     from dctms.runner.request import RequestRefused, validate_request
     from dctms.runner.session import Session

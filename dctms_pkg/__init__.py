@@ -130,7 +130,7 @@ def compile_plan(
     runs short calls at (fixed, padded phases; the envelope is the same); ``token_step`` and
     ``window_step`` set their grid (``dctms compile --token-step/--window-step``). ``ranks`` > 1
     with ``parallel`` compiles rank ``rank`` of the model split by mlx-lm's ``pipeline`` (``split``:
-    layers per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every
+    layers per rank) or ``shard`` (tensor); ``dctms.toolkit.kinds.distributed.compile_ranks`` makes every
     rank's. ``sampling`` is ``--sampling``: mlx-lm's sampler, logits processors and the top
     log-probabilities traced into the plan (per-call settings; see ``dctms run --help``).
     ``target`` is ``--target``: "cpu", "metal[-PROFILE]" or "cuda[-PROFILE]" (a GPU's memory
@@ -293,7 +293,7 @@ def fit(
         prefix_cache=_bytes(prefix_cache, "prefix_cache"),
     )
     if ranks > 1:
-        from dctms.toolkit.distributed import widest_rank as _compile  # noqa: F811
+        from dctms.toolkit.kinds.distributed import widest_rank as _compile  # noqa: F811
 
     def bounds(value: int) -> tuple[int, int]:
         return (value, fixed) if search_n else (fixed, value)

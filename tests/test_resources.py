@@ -139,8 +139,8 @@ def test_serve_holds_within_its_resources_limit_as_a_cgroup(tiny) -> None:
 def test_real_model_serve_holds_within_its_resources_limit(tmp_path: Path) -> None:
     """The tight case: SmolLM2-135M-Instruct (fp32, 538 MB of weights), whose RSS comes within a
     few MiB of its M_max, served under a hard limit of exactly `dctms resources`' figure."""
+    from dctms.convert.real_model import FetchError, prepare, real_model
     from dctms.schema.errors import DctmsError
-    from dctms.toolkit.real_model import FetchError, prepare, real_model
 
     try:
         folder = prepare(real_model(), lambda msg: None)

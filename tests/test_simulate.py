@@ -139,9 +139,9 @@ def test_command_line(tmp_path: Path) -> None:
 
 
 def test_speculative_and_vision_plans_stay_within_their_envelope() -> None:
-    from dctms.toolkit.plan_kinds import Images, PlanKind, compile_kind
+    from dctms.toolkit.kinds.dispatch import Images, PlanKind, compile_kind
     from dctms.toolkit.tiny_model import DEMO_CONFIG
-    from dctms.toolkit.vision_tiny import gemma3_config
+    from dctms.toolkit.vision.tiny import gemma3_config
 
     opts = CompileOptions(input_tokens=24, output_tokens=4, pack_seconds=0.0)
     draft = compile_kind(

@@ -15,7 +15,7 @@ from test_tui_app import screen_text, text
 from dctms.schema.io import write_plan
 from dctms.schema.model_folder import open_model_folder
 from dctms.schema.ranks import read_rank_plans
-from dctms.toolkit.distributed import compile_ranks
+from dctms.toolkit.kinds.distributed import compile_ranks
 from dctms.tui.app import InspectorApp, main
 from dctms.tui.screens.help import HelpScreen
 from dctms.tui.state import Inspection

@@ -32,7 +32,7 @@ from dctms.schema.io import decode_plan, encode_plan, write_plan
 from dctms.schema.model_folder import ModelFolder, model_from_config, open_model
 from dctms.schema.types import CompileRequest, Plan
 from dctms.toolkit.compiler import CompileOptions
-from dctms.toolkit.plan_kinds import compile_kind, kind_flags, kind_of
+from dctms.toolkit.kinds.dispatch import compile_kind, kind_flags, kind_of
 
 Verdict = Literal["ok", "stale", "edited"]
 

@@ -402,7 +402,7 @@ def trace_source(
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
     rank = None
     if opts.ranks > 1 or opts.parallel is not None:
-        from dctms.toolkit.distributed import rank_spec, split_model
+        from dctms.toolkit.kinds.rank import rank_spec, split_model
 
         rank = split_model(model, rank_spec(opts))
         say(f"rank {opts.rank} of {opts.ranks} ({opts.parallel}): layers {rank.layers}")

@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.cli.compile_options import plan_kind
     from dctms.schema.io import encode_plan
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.plan_kinds import compile_kind
+    from dctms.toolkit.kinds.dispatch import compile_kind
 
     progress = progress_printer(args)
     opts = compile_options(args, args.input_tokens, args.output_tokens)
