@@ -104,6 +104,14 @@ def sampling_params(fields: dict[str, Any], plan: Plan, chat: bool) -> SamplingP
     )
     if not samples(plan) and params.asks_for_plan():
         asked = [k for k in FIELDS if k in fields and k not in ("top_p", "top_k", "min_p", "seed")]
+        if plan.bounds.batch > 1:  # --sampling does not combine with --batch (yet)
+            raise ApiError(
+                400,
+                f"{', '.join(repr(k) for k in asked)} need(s) a batch-1 plan compiled with "
+                f"`dctms compile ... {RECOMPILE}`: this model's plan is batched "
+                f"({plan.bounds.batch} slots) and decodes greedily only",
+                asked[0] if asked else None,
+            )
         raise ApiError(
             400,
             f"{', '.join(repr(k) for k in asked)} need(s) a plan compiled with `dctms compile "
