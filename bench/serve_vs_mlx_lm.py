@@ -11,7 +11,8 @@ converted). A plan is compiled for it at -N/-M with ``--batch`` slots (continuou
 ``--decode-concurrency`` and ``--prompt-concurrency`` set to the same figure, its defaults
 otherwise, and `dctms serve`'s own LD_PRELOAD of OpenBLAS), warmed up with one request, then driven
 at each level by that many client threads sharing ``--requests`` streamed chat completions of
-``--max-tokens`` tokens (temperature 0). Reported per level and server: aggregate completion
+``--max-tokens`` tokens (temperature 0; a level with more clients than ``--requests`` sends one
+request per client). Reported per level and server: aggregate completion
 tokens/s, TTFT and latency P50/P95, the server process's peak RSS (polled every 50 ms); for dctms
 also, polled from /metrics every 100 ms, its plan's M_max and provable peak, MLX's observed peak
 (the server's, and the batched model's per step) and the most slots busy at once. The table
@@ -133,8 +134,8 @@ def measure_system(system: str, args, plan: Path, folder: Path, group=None) -> d
             with PeakPoller(lambda: tree_rss(proc.pid)) as rss, PeakPoller(
                 (lambda: dctms_metrics(url)) if system == "dctms" else (lambda: None), 0.1
             ) as status:
-                answers, wall = run_level(
-                    url, model, PROMPTS, args.requests, clients, args.max_tokens
+                answers, wall = run_level(  # every client asks at least once
+                    url, model, PROMPTS, max(args.requests, clients), clients, args.max_tokens
                 )
             level = dict(level_figures(answers, wall), clients=clients)
             level["peak_rss"] = max(rss.values, default=None)
