@@ -223,9 +223,7 @@ class Worker:
             tokenizer = Tokenizer(folder.path)
             warm_chat_template(tokenizer)
             batched = plan.bounds.batch > 1
-            self._sessions[spec.name] = session = (BatchSession if batched else Session)(plan, folder)
-            if batched:  # every point's graphs now: set-up time, not a first step's
-                session.prerecord()
+            self._sessions[spec.name] = (BatchSession if batched else Session)(plan, folder)
             self._peak = max(self._peak, mx.get_peak_memory())
             stop = frozenset(tokenizer.eos_ids)
             self.models[spec.name] = ServedModel(spec.name, plan, tokenizer, stop)
