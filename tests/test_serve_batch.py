@@ -339,3 +339,66 @@ async def _asgi_post(app, payload: dict) -> tuple[int, bytes]:
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return status, body
+
+
+def test_worker_a_failed_step_answers_that_models_requests_and_serves_the_next(worker):
+    """A step that raises (e.g. EnvelopeExceeded) fails the running requests with that error,
+    frees their slots, and the model serves the next request."""
+    from dctms.runner.batch import EnvelopeExceeded
+
+    session = worker._sessions["beta4"]
+    real = session.iterate
+    calls = []
+
+    def failing_once():
+        calls.append(1)
+        if len(calls) == 2:  # after the first token
+            raise EnvelopeExceeded("observed above provable (a test's)")
+        return real()
+
+    session.iterate = failing_once
+    try:
+        victim = _Client(worker, "doomed", worker.models["beta4"].max_tokens)
+        worker.submit(victim.job)
+        assert victim.done.wait(60)
+    finally:
+        session.iterate = real
+    gen, err = victim.outcome
+    assert gen is None and isinstance(err, EnvelopeExceeded)
+    after = _Client(worker, "after the failure", 3)
+    worker.submit(after.job)
+    assert after.done.wait(60) and after.outcome[1] is None
+    assert worker.model_load()["beta4"]["slots_busy"] == 0 and worker.running == 0
+
+
+def test_ctrl_c_with_batched_streams_running_and_queued_still_stops(models):
+    tiny, beta4 = models
+    proc = ServerProcess(["--plan", f"beta4={beta4}={tiny['beta'].folder}", "--memory", "1GiB"])
+    started = threading.Event()
+    outcomes: list[str] = []
+
+    def stream() -> None:
+        body = {"model": "beta4", "prompt": "long", "max_tokens": tiny["beta"].m, "stream": True}
+        req = urllib.request.Request(proc.url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                for _ in r:
+                    started.set()
+            outcomes.append("finished")
+        except Exception as err:  # noqa: BLE001 - cut off by the shutdown: an error, never a hang
+            outcomes.append(type(err).__name__)
+
+    threads = [threading.Thread(target=stream) for _ in range(2 * SLOTS)]
+    try:
+        for t in threads:
+            t.start()
+        assert started.wait(60)
+        rc = proc.interrupt()
+    finally:
+        proc.close()
+    for t in threads:
+        t.join(60)
+    assert rc == 0, proc.stderr()
+    assert "Traceback" not in proc.stderr()
+    assert len(outcomes) == 2 * SLOTS and not any(t.is_alive() for t in threads)
