@@ -6,7 +6,7 @@ running session's memory limit is set to its own throttle limit plus what the ot
 (``foreign`` bytes), exactly as the benchmarks do when two systems share a process.
 
 A batch-1 plan runs one request at a time, start to end (``Session.generate``). A batched plan
-(``bounds.batch`` B > 1) runs continuously (``runner.batch.BatchSession``): at every step boundary
+(``bounds.batch`` B > 1, or any plan with a prompt-prefix pool: ``schema.slotted``) runs continuously (``runner.batch.BatchSession``): at every step boundary
 (between two ``iterate`` calls) a queued request takes a free slot, a request whose client went away
 is cancelled, and a sequence that ended (end-of-sequence, a stop string, ``max_tokens``) gives its
 slot back; with every slot busy a request waits in the bounded queue. Several models in one server
@@ -34,6 +34,7 @@ from dctms.runner.session import Generation, Session
 from dctms.runner.tokenize import Tokenizer
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import open_model_folder
+from dctms.schema.slotted import slotted
 from dctms.schema.types import Plan
 from dctms.serve.chat import warm_chat_template
 from dctms.serve.spec import PlanSpec
@@ -87,6 +88,7 @@ class ModelLoad:
     """One model's serving figures, kept by the worker thread (read by /status and /metrics)."""
 
     slots: int
+    slotted: bool = False  # runs in a BatchSession (its steps' peaks are checked)
     busy: int = 0  # slots holding a running request (batch 1: the request running, if any)
     waiting: int = 0  # its requests queued for a slot
     tokens: int = 0  # tokens generated since the server started
@@ -195,7 +197,7 @@ class Worker:
                     "tokens_generated": load.tokens,
                     "busy_s": round(load.busy_s, 3),
                     "tokens_per_s": round(load.tokens_per_s, 3),
-                    "observed_mlx_peak_bytes": load.peak_observed if load.slots > 1 else None,
+                    "observed_mlx_peak_bytes": load.peak_observed if load.slotted else None,
                     "envelope_provable_bytes": env.provable,
                     "m_max_bytes": env.total,
                 }
@@ -222,12 +224,12 @@ class Worker:
             folder = open_model_folder(spec.model_dir)
             tokenizer = Tokenizer(folder.path)
             warm_chat_template(tokenizer)
-            batched = plan.bounds.batch > 1
+            batched = slotted(plan.bounds)
             self._sessions[spec.name] = (BatchSession if batched else Session)(plan, folder)
             self._peak = max(self._peak, mx.get_peak_memory())
             stop = frozenset(tokenizer.eos_ids)
             self.models[spec.name] = ServedModel(spec.name, plan, tokenizer, stop)
-            self.load[spec.name] = ModelLoad(plan.bounds.batch)
+            self.load[spec.name] = ModelLoad(plan.bounds.batch, batched)
             if batched:
                 self._slots[spec.name] = {}
         if not self._sessions:
