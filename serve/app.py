@@ -91,6 +91,7 @@ class ServerState:
             "requests_refused": self.refused,
             "clients_disconnected": self.disconnected,
             "uptime_s": round(time.time() - self.started, 3),
+            "per_model": w.model_load(),  # slots, slots busy, queue, tok/s, peak vs envelope
         }
 
 
@@ -409,4 +410,32 @@ def prometheus(status: dict) -> str:
     for name, help_text, value in gauges:
         kind = "counter" if name.endswith("_total") else "gauge"
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    lines += model_gauges(status.get("per_model", {}))
     return "\n".join(lines) + "\n"
+
+
+MODEL_GAUGES = [  # (metric, the per_model field, help)
+    ("dctms_model_slots", "slots", "slots the model's plan holds (its batch B; 1: one at a time)"),
+    ("dctms_model_slots_busy", "slots_busy", "slots holding a running request"),
+    ("dctms_model_queue_waiting", "queue_waiting", "the model's requests waiting for a slot"),
+    ("dctms_model_tokens_generated_total", "tokens_generated", "tokens the model generated"),
+    ("dctms_model_tokens_per_s", "tokens_per_s", "aggregate tokens/s while the model was busy"),
+    ("dctms_model_observed_mlx_peak_bytes", "observed_mlx_peak_bytes",
+     "a batched model's largest MLX peak in a step, above what the other models hold"),
+    ("dctms_model_envelope_provable_bytes", "envelope_provable_bytes",
+     "the model's plan's provable peak (its observed peak stays within it)"),
+    ("dctms_model_m_max_bytes", "m_max_bytes", "the model's plan's M_max"),
+]
+
+
+def model_gauges(per_model: dict[str, dict]) -> list[str]:
+    """One labelled series per served model (``model="NAME"``) for each of ``MODEL_GAUGES``."""
+    lines = []
+    for name, field, help_text in MODEL_GAUGES:
+        kind = "counter" if name.endswith("_total") else "gauge"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        for model, figures in sorted(per_model.items()):
+            if figures.get(field) is not None:
+                label = model.replace("\\", "\\\\").replace('"', '\\"')
+                lines.append(f'{name}{{model="{label}"}} {figures[field]}')
+    return lines
