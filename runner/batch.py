@@ -167,6 +167,7 @@ class BatchSession(Session):
                 for position, block in self.prefix.lookup(seq.request.prompt):
                     self._copy_block(self.load_block, seq.slot, position, block)
                     seq.prefilled = seq.cached = position + self.chunk
+                seq.generation.cached_tokens = seq.cached
 
     def _prefill_chunk(self, seq: Sequence) -> None:
         prompt = seq.request.prompt

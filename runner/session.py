@@ -159,6 +159,8 @@ class Generation:
     # the request asked for them.
     seed: int | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # A plan with a prefix pool's: the prompt tokens loaded from the pool instead of prefilled.
+    cached_tokens: int | None = None
 
     @property
     def tokens_per_s(self) -> float:

@@ -325,7 +325,7 @@ class _Call:
         if err is not None:
             return _error(_as_api_error(err))
         text = self.text.text
-        use = usage(len(self.prompt), len(gen.tokens))
+        use = usage(len(self.prompt), len(gen.tokens), gen.cached_tokens)
         ids = gen.tokens if self.req.return_token_ids else None
         make = chat_body if self.chat else completion_body
         body = make(self.rid, self.created, self.req.model, text, self._finish_reason(gen), use, ids)
@@ -357,7 +357,7 @@ class _Call:
                 else:
                     yield _data(completion_chunk(rid, created, model, "", finish))
                 if self.req.include_usage:
-                    use = usage(len(self.prompt), len(gen.tokens))
+                    use = usage(len(self.prompt), len(gen.tokens), gen.cached_tokens)
                     yield _data(usage_chunk(rid, created, model, self.chat, use))
                 break
             yield "data: [DONE]\n\n"

@@ -232,3 +232,44 @@ def test_the_verifier_refuses_a_save_that_writes_slots(tiny, tmp_path) -> None:
 
     edited = edit_plan(tiny["pool"], tmp_path / "e.plan", swap)
     assert_invalid(cli("validate", str(edited)), "save_block writes pool blocks")
+
+
+# ------------------------------------------------------------------------------- the server
+
+
+def _chat(url: str, messages: list[dict]) -> dict:
+    import urllib.request
+
+    body = {"model": "m", "messages": messages, "max_tokens": 4, "temperature": 0}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_dctms_serve_reuses_the_pool_across_requests(tiny) -> None:
+    """A chat re-sent with one more turn: the server takes the earlier prompt's chunks from the
+    pool (usage.prompt_tokens_details.cached_tokens), and answers what the plan without a pool
+    answers."""
+    from serve_helpers import ServerProcess
+
+    history = [{"role": "user", "content": "question zero is here, and it is long enough"}]
+    answers = {}
+    for name in ("pool", "plain"):
+        server = ServerProcess(["--plan", f"m={tiny[name]}={tiny['model']}"])
+        try:
+            first = _chat(server.url, history)
+            turn = [*history, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                    {"role": "user", "content": "and one more question"}]  # fmt: skip
+            second = _chat(server.url, turn)
+        finally:
+            server.close()
+        answers[name] = (first, second)
+    (first, second), (plain_first, plain_second) = answers["pool"], answers["plain"]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 16 and cached % 16 == 0 and cached < second["usage"]["prompt_tokens"]
+    assert "prompt_tokens_details" not in plain_second["usage"]
+    assert [a["choices"][0]["message"]["content"] for a in (first, second)] == [
+        a["choices"][0]["message"]["content"] for a in (plain_first, plain_second)
+    ]
