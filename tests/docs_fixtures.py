@@ -24,16 +24,11 @@ def tiny_plan(folder: Path) -> None:
 def broken_plan(folder: Path) -> None:
     """``broken.plan``: the tiny plan with tensor t2 moved onto t0's bytes while both are live,
     written by dctms (its digest matches: what refuses it is the verifier's arena_overlap rule)."""
-    import msgspec
-    from conftest import make_tiny_plan
+    from conftest import make_broken_tiny_plan
 
     from dctms.schema.io import write_plan
 
-    plan = make_tiny_plan()
-    phase = plan.phases[0]
-    tensors = [msgspec.structs.replace(t, offset=0) if t.id == "t2" else t for t in phase.tensors]
-    bad = msgspec.structs.replace(plan, phases=[msgspec.structs.replace(phase, tensors=tensors)])
-    write_plan(bad, folder / "broken.plan")
+    write_plan(make_broken_tiny_plan(), folder / "broken.plan")
 
 
 def tiles500(folder: Path) -> None:

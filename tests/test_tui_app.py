@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import make_tiny_plan
+from conftest import make_broken_tiny_plan, make_tiny_plan
 
 from dctms.schema.errors import PlanError
 from dctms.schema.io import read_plan, write_plan
@@ -477,12 +477,8 @@ def run_tui(*argv: str) -> subprocess.CompletedProcess:
 
 def broken_plan(tmp_path: Path) -> Path:
     """t2 moved onto t0's bytes while both are live: the verifier's arena_overlap rule."""
-    plan = make_tiny_plan()
-    phase = plan.phases[0]
-    tensors = [msgspec.structs.replace(t, offset=0) if t.id == "t2" else t for t in phase.tensors]
-    bad = msgspec.structs.replace(plan, phases=[msgspec.structs.replace(phase, tensors=tensors)])
     path = tmp_path / "broken.plan"
-    write_plan(bad, path)
+    write_plan(make_broken_tiny_plan(), path)
     return path
 
 
