@@ -38,7 +38,26 @@ DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 
 def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: bool) -> None:
     """Every compiler option except the token bounds -N / -M (each command sets those its way)."""
-    parser.add_argument("--batch", type=int, default=1, help="sequences per call (default 1)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="slots: sequences in flight at once, each at its own position (default 1)",
+    )
+    pool = parser.add_mutually_exclusive_group()
+    pool.add_argument(
+        "--prefix-blocks",
+        type=int,
+        default=0,
+        metavar="K",
+        help="a prompt-prefix pool of K blocks, each one prefill chunk of every layer's keys and "
+        "values, kept across requests (counted in M_KV; least recently used evicted)",
+    )
+    pool.add_argument(
+        "--prefix-cache",
+        metavar="SIZE",
+        help="a prompt-prefix pool of as many blocks as SIZE holds, e.g. 64MiB",
+    )
     parser.add_argument(
         "--prefill-chunk", type=int, help="tokens per prefill call (default min(N, 512))"
     )
@@ -182,6 +201,16 @@ def memory_budget(args: argparse.Namespace) -> int | None:
         raise DctmsError(f"--memory: {err}") from None
 
 
+def prefix_cache_bytes(args: argparse.Namespace) -> int | None:
+    """``--prefix-cache`` in bytes (None when not given)."""
+    if getattr(args, "prefix_cache", None) is None:
+        return None
+    try:
+        return parse_size(args.prefix_cache)
+    except DctmsError as err:
+        raise DctmsError(f"--prefix-cache: {err}") from None
+
+
 def compile_options(
     args: argparse.Namespace,
     input_tokens: int,
@@ -196,6 +225,8 @@ def compile_options(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         batch=args.batch,
+        prefix_blocks=args.prefix_blocks,
+        prefix_cache=prefix_cache_bytes(args),
         prefill_chunk=prefill_chunk if prefill_chunk is not None else args.prefill_chunk,
         dtype=args.dtype,
         device_memory=memory_budget(args),

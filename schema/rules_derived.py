@@ -19,7 +19,7 @@ here, so an edit that lowers it (and re-stamps the digest) is still refused:
   worker before the reader has run, capped at the segment's sync point. Dispatches per op follow
   from the plan: 1 for an op whose outputs are all views (a donated output is not: its op still
   runs a kernel), 3 for ``DynamicSliceUpdate`` and
-  ``SliceUpdate``, 2 otherwise (``dctms.toolkit.memory_model``'s counts).
+  ``SliceUpdate``, 1 for a ``Scatter`` into state (a batched decode's KV write), 2 otherwise (``dctms.toolkit.memory_model``'s counts).
 """
 
 from __future__ import annotations
@@ -121,11 +121,14 @@ def _phase_run_ahead(px: PhaseIndex, budget: int) -> Iterator[Finding]:
     slot_at = [px.slot_of.get(op_position, 0) for op_position in order]
     tensors = phase.tensors
     views = {t.id for t in tensors if t.view_of is not None}
+    state = {b.id for b in phase.inputs if b.kind == "state"}
     dispatches = []
     for op_position in order:
         op = phase.ops[op_position]
         if op.primitive in THREE_DISPATCHES:
             dispatches.append(3)
+        elif op.primitive == "Scatter" and op.inputs and op.inputs[0] in state:
+            dispatches.append(1)  # into the donated state: no copy kernel, one scatter
         elif op.outputs and all(t in views for t in op.outputs) and op.primitive not in DONATING:
             dispatches.append(1)
         else:

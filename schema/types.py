@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Bound byte counts so absurd sizes (10^30) are rejected at decode time: 2^53 bytes = 8 PiB.
 MAX_BYTES = 2**53
@@ -76,6 +76,9 @@ class Bounds(_Base):
     dtype: Name  # activation / weight dtype of the model
     kv: KVStorage
     kv_capacity: Int  # positions allocated in the static cache (>= N + M)
+    # A prompt-prefix pool (toolkit.prefix_pool): blocks of prefill_chunk positions that keep the
+    # prefixes of earlier requests across calls; 0: none. A plan with a pool runs in slots.
+    prefix_blocks: Int = 0
 
 
 class Quantization(_Base):
@@ -297,7 +300,7 @@ class SyncPoint(_Base):
     evaluate: list[Name] = []
 
 
-LengthName = Literal["tokens", "window"]
+LengthName = Literal["tokens", "window", "rows"]  # rows: a batched decode's busy slots
 SignedInt = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31)]
 
 
@@ -462,6 +465,8 @@ class CompileRequest(_Base):
     draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
     num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
     sampling: bool = False  # compile --sampling: mlx-lm's sampler and logits processors traced in
+    prefix_blocks: Int = 0  # compile --prefix-blocks K (or --prefix-cache SIZE, resolved to K)
+    prefix_cache: ByteCount | None = None  # compile --prefix-cache SIZE as given
     # The Hugging Face id the model was named by (`dctms compile ORG/NAME`); None: a folder or a
     # config.json (absent from the file, so those plans are as before).
     hub: HubSource | None = None

@@ -90,6 +90,7 @@ RULES: dict[str, Rule] = {
     "stats": rules_totals.stats,
     "runner_names": rules_runner.runner_names,
     "quantized_start": rules_runner.quantized_start,
+    "prefix_pool": rules_runner.prefix_pool,
     "sampling": rules_sampling.sampling,
     "vocabulary": rules_runner.vocabulary,
     "state_capacity": rules_runner.state_capacity,

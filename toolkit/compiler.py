@@ -57,11 +57,12 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign, caches, limits
+from dctms.toolkit import assign, caches, limits, prefix_pool
 from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.fuse_projections import fuse_projections
 from dctms.toolkit.lengths import (
+    ROWS,
     TOKEN_STEP,
     TOKENS,
     WINDOW,
@@ -71,7 +72,9 @@ from dctms.toolkit.lengths import (
     digest,
     fit,
     prefill_candidates,
+    rows_candidates,
     sample_lengths,
+    sample_rows,
     single_candidates,
     verified_points,
 )
@@ -150,6 +153,10 @@ class CompileOptions:
     # mlx-lm's sampler and logits processors traced into both phases, their parameters per-call
     # inputs (toolkit.sampling); off: greedy argmax only, as before.
     sampling: bool = False
+    # A prompt-prefix pool (toolkit.prefix_pool): K blocks of prefill_chunk positions, or as many
+    # as ``prefix_cache`` bytes hold.
+    prefix_blocks: int = 0
+    prefix_cache: int | None = None
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -172,6 +179,12 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError(f"alignment must be a power of two, got {opts.alignment}")
     if opts.sampling:
         _check_sampling(opts)
+    if opts.batch > 1 or _pooled(opts):
+        _check_batch(opts)
+    if opts.prefix_blocks < 0:
+        raise DctmsError(f"--prefix-blocks must be 0 (none) or more, got {opts.prefix_blocks}")
+    if opts.prefix_blocks and opts.prefix_cache is not None:
+        raise DctmsError("give --prefix-blocks or --prefix-cache, not both")
     if opts.dtype is not None and opts.dtype not in DTYPES:
         raise DctmsError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype}")
 
@@ -188,6 +201,30 @@ def _check_sampling(opts: CompileOptions) -> None:
     for given, flag in others:
         if given:
             raise DctmsError(f"--sampling is not supported with {flag} yet")
+
+
+DECODE_ONE = "decode_one"  # a batched plan's decode step of slot 0 alone (runner.batch)
+
+
+def _pooled(opts: CompileOptions) -> bool:
+    """Whether the options ask for a prompt-prefix pool (``toolkit.prefix_pool``)."""
+    return opts.prefix_blocks > 0 or opts.prefix_cache is not None
+
+
+def _check_batch(opts: CompileOptions) -> None:
+    """A batched plan's slots (``toolkit.slots``) and a prefix pool are planned over a float full
+    KV cache, one rank, greedy decoding (each refused in one line, not planned wrong)."""
+    what = f"--batch {opts.batch}" if opts.batch > 1 else "--prefix-blocks/--prefix-cache"
+    if _pooled(opts) and opts.sampling:
+        raise DctmsError(f"{what} is not supported with --sampling yet")
+    others = [
+        (opts.kv_bits is not None, "--kv-bits"),
+        (opts.max_kv_size is not None, "--max-kv-size"),
+        (opts.ranks != 1 or opts.parallel is not None, "--ranks/--parallel"),
+    ]
+    for given, flag in others:
+        if given:
+            raise DctmsError(f"{what} is not supported with {flag} yet")
 
 
 @dataclass(frozen=True)
@@ -364,6 +401,12 @@ def trace_source(
     quant = caches.kv_quantization(opts, chunk)
     rings = caches.rings_for(windows, chunk, capacity)
     if rank is None:
+        if (opts.batch > 1 or _pooled(opts)) and any(r is not None for r in rings):
+            what = f"--batch {opts.batch}" if opts.batch > 1 else "--prefix-blocks/--prefix-cache"
+            raise DctmsError(
+                f"{what} is not supported yet for models with sliding-window or recurrent layers "
+                "(their slots are not planned)"
+            )
         if opts.sampling and any(r is not None for r in rings):
             raise DctmsError(
                 "--sampling is not supported yet for models with sliding-window or recurrent layers"
@@ -376,8 +419,11 @@ def trace_source(
             kv_quant=quant,
             rings=rings,
             sampling=opts.sampling,
+            prefix_blocks=1 if _pooled(opts) else 0,  # a flag here: K is resolved below
         )
     else:
+        if _pooled(opts):
+            raise DctmsError("--prefix-blocks/--prefix-cache is not supported with --ranks yet")
         tracer = rank.tracer(
             num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
         )
@@ -387,9 +433,20 @@ def trace_source(
     paths = {"paths": True}
     prefill = tracer.prefill(chunk, prompt_window, **paths)
     decode = tracer.decode(window, **paths)
+    # a batched plan's step of slot 0 alone: one row, as cheap as a batch-1 step (the rows
+    # length stops at 2: MLX takes its scalar paths for a [1, ...] row, so rows = 1 is its own graph)
+    one = [tracer.decode(window, name=DECODE_ONE, rows=1, **paths)] if opts.batch > 1 else []
+    blocks, pool = 0, []
+    if _pooled(opts):
+        if more_phases is not None:
+            raise DctmsError("--prefix-blocks/--prefix-cache is not supported with --draft yet")
+        prefix_pool.check_supported(tracer)
+        blocks = prefix_pool.resolve_blocks(tracer, chunk, opts.prefix_blocks, opts.prefix_cache)
+        pool = prefix_pool.trace_block_phases(tracer, blocks, chunk)
     start = caches.start_phases(tracer, quant, chunk, capacity, paths)
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
-    traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
+    traced = tracer.traced([*start, prefill, decode, *one, *pool, *(tp for tp, _ in more)])
+    traced = replace(traced, prefix_blocks=blocks)
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return _merged(traced, fits, say, _fuses(opts)), capacity, fits
@@ -402,7 +459,8 @@ def trace_source(
     for name, found in (
         *found_start,
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window, special)),
-        ("decode", _fit_decode(tracer, decode, window, special)),
+        ("decode", _fit_decode(tracer, decode, window, special, opts.batch)),
+        *((DECODE_ONE, _fit_decode(tracer, tp, window, special, 1, DECODE_ONE)) for tp in one),
         *((tp.name, found) for tp, found in more),
     ):
         if isinstance(found, str):
@@ -476,14 +534,38 @@ def _fit_prefill(
         return str(err)
 
 
-def _fit_decode(tracer: PhaseTracer, bound: TracedPhase, window: int, special: list[int]):
+def _fit_decode(
+    tracer: PhaseTracer,
+    bound: TracedPhase,
+    window: int,
+    special: list[int],
+    batch: int = 1,
+    name: str = "decode",
+):
+    """The decode phase's fit over the window -- and, for a batched plan, over the rows (busy
+    slots) a step advances: (rows, window). ``decode_one`` (slot 0 alone) has one row."""
+    rows = 1 if name == DECODE_ONE else batch
     ws = sample_lengths(window, special)
-    if not ws:
+    rs = sample_rows(rows) if rows > 1 else None
+    if not ws and not rs:
         return "the bounds are too small to vary"
+    names = [n for n, s in ((ROWS, rs), (WINDOW, ws)) if s]
+    r1, r2 = rs or (rows, rows)
+    w1, w2 = ws or (window, window)
+    points = [(rows, window)]
+    if rs:
+        points.append((r1, window))
+    if ws:
+        points.append((rows, w1))
+    points.append((r2, w2))
+    keep = [i for i, n in enumerate((ROWS, WINDOW)) if n in names]
     try:
-        samples = [((window,), digest(bound, bound, (window,)))]
-        samples += [((w,), digest(bound, tracer.decode(w), (w,))) for w in ws]
-        return fit([WINDOW], samples, bound)
+        samples = []
+        for r, w in points:
+            phase = bound if (r, w) == points[0] else tracer.decode(w, name=name, rows=r)
+            samples.append((tuple((r, w)[i] for i in keep), digest(bound, phase, (r, w))))
+            del phase
+        return fit(names, samples, bound)
     except NotAffine as err:
         return str(err)
 
@@ -494,8 +576,12 @@ def _candidates(lf: LengthFit | None, opts: CompileOptions) -> list[tuple[int, .
     if lf is None:
         return []
     token_step, window_step = grid_steps(opts)
+    if lf.names == (ROWS, WINDOW):
+        return rows_candidates(lf.bound[0], lf.bound[1], window_step)
     if len(lf.names) == 2:
         return prefill_candidates(lf.bound[0], lf.bound[1], opts.input_tokens, token_step)
+    if lf.names == (ROWS,):
+        return [(r,) for r in range(1, lf.bound[0] + 1)]
     return single_candidates(lf.names[0], lf.bound[0], token_step, window_step)
 
 
@@ -573,6 +659,7 @@ def emit_plan(
             dtype=settings.dtype,
             kv=caches.kv_storage(traced.kv.dtype, opts),
             kv_capacity=capacity,
+            prefix_blocks=traced.prefix_blocks,
         ),
         model=model_info(source, traced, weights),
         target=Target(

@@ -35,6 +35,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json)")
     src.add_argument("--tokens", metavar="IDS", help="prompt as comma-separated token ids")
+    src.add_argument(
+        "--conversation",
+        metavar="FILE",
+        help='a multi-turn chat, {"system": TEXT, "turns": [TEXT, ...]}: each turn re-sends the '
+        "conversation so far, as a chat client does (a plan compiled with --prefix-blocks "
+        "reuses the earlier turns' prompt from its pool); one JSON line per turn",
+    )
+    src.add_argument(
+        "--batch-prompts",
+        metavar="FILE",
+        help="JSON lines, each {\"prompt\": TEXT} or {\"tokens\": [IDS]} (optional "
+        "\"max_tokens\"): run them together in a plan compiled with --batch B; more prompts "
+        "than slots queue for slots; one JSON result per line on stdout",
+    )
     p.add_argument(
         "--image",
         action="append",
@@ -136,9 +150,22 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.runner.session import Session
     from dctms.runner.stops import StopText, finish_reason
     from dctms.schema.model_folder import open_model_folder
+    from dctms.schema.slotted import slotted
 
     plan = load_checked_plan(args.plan)
     model = open_model_folder(args.model)
+    if args.batch_prompts is not None:
+        from dctms.cli.batch_run import run_batch_prompts
+
+        if args.stop or args.draft_model or args.image:
+            raise DctmsError("--batch-prompts takes no --stop, --draft-model or --image")
+        return run_batch_prompts(args, plan, model, target)
+    if args.conversation is not None:
+        from dctms.cli.conversation_run import run_conversation
+
+        if args.stop or args.draft_model or args.image:
+            raise DctmsError("--conversation takes no --stop, --draft-model or --image")
+        return run_conversation(args, plan, model, target)
     _check_stops(args, plan)
     if plan.vision is not None or args.image:
         from dctms.cli.run_vision import run_vision
@@ -165,7 +192,10 @@ def _run(args: argparse.Namespace, target) -> int:
             recorded = spec.prerecord([request])  # set-up: reported, not in TTFT
             gen = spec.generate(request)
         else:
-            session = Session(plan, model, verify_hashes=args.verify_weights)
+            kind = Session
+            if slotted(plan.bounds):  # one prompt through a plan in slots: one slot busy
+                from dctms.runner.batch import BatchSession as kind
+            session = kind(plan, model, verify_hashes=args.verify_weights)
             recorded = session.prerecord([request])  # set-up: reported, not in TTFT
             gen = session.generate(request, _until_stop(stops))
     text = None
