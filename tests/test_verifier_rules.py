@@ -447,6 +447,11 @@ CASES: list[tuple[str, str, Break]] = [
     ("bounds", "batch 0", lambda p: nested(p, "bounds", batch=0)),
     ("bounds", "input_tokens 0", lambda p: nested(p, "bounds", input_tokens=0)),
     ("bounds", "prefill_chunk 0", lambda p: nested(p, "bounds", prefill_chunk=0)),
+    (
+        "prefix_pool",
+        "a state named as a prefix pool in a plan without prefix_blocks",
+        lambda p: replace(p, state=[replace(p.state[0], name=p.state[0].name + ".pool")]),
+    ),
     ("bounds", "kv capacity below N + M", lambda p: nested(p, "bounds", kv_capacity=15)),
     (
         "bounds",
