@@ -48,13 +48,23 @@ class Answer:
     completion_tokens: int
     text: str
     error: str = ""
+    cached_tokens: int | None = None  # prompt tokens the server reused, when it reports them
 
 
 def stream_chat(url: str, model: str, content: str, max_tokens: int, timeout_s: float) -> Answer:
+    """One streamed, greedy chat completion of one user message (``stream_messages``)."""
+    return stream_messages(url, model, [{"role": "user", "content": content}], max_tokens, timeout_s)
+
+
+def stream_messages(
+    url: str, model: str, messages: list[dict], max_tokens: int, timeout_s: float
+) -> Answer:
     """One streamed, greedy chat completion; the completion tokens counted from the server's usage
-    (``stream_options.include_usage``) or, where it sends none, from its content chunks."""
+    (``stream_options.include_usage``) or, where it sends none, from its content chunks; the prompt
+    tokens the server says it took from its cache (``usage.prompt_tokens_details.cached_tokens``)
+    where it says so."""
     body = {
-        "model": model, "messages": [{"role": "user", "content": content}],
+        "model": model, "messages": messages,
         "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
@@ -82,7 +92,8 @@ def stream_chat(url: str, model: str, content: str, max_tokens: int, timeout_s: 
     except Exception as err:  # noqa: BLE001 - a failed request is a measured outcome
         return Answer(getattr(err, "code", 0), None, time.perf_counter() - start, 0, "", repr(err))
     tokens = (usage or {}).get("completion_tokens", chunks)
-    return Answer(status, ttft, time.perf_counter() - start, tokens, "".join(text))
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    return Answer(status, ttft, time.perf_counter() - start, tokens, "".join(text), "", cached)
 
 
 def run_level(

@@ -31,6 +31,9 @@ PROFILE_NAMES = (
     "apple-m4-pro",
     "cpu-x86-2core",
     "cpu-x86-2core-openblas",
+    "nvidia-a100-sxm",
+    "nvidia-h100-sxm",
+    "nvidia-h200-sxm",
 )
 
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
@@ -76,6 +79,13 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
     )
     parser.add_argument(
         "--backend", choices=["cpu", "gpu"], help="MLX device (default: MLX's default)"
+    )
+    parser.add_argument(
+        "--target",
+        metavar="TARGET",
+        help="memory model: cpu, metal[-PROFILE] or cuda[-PROFILE]; a GPU target is traced on "
+        "the CPU on any machine and planned by its allocator as modelled from MLX's source "
+        "(not measured; see docs: targets)",
     )
     parser.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
     parser.add_argument(
@@ -231,6 +241,7 @@ def compile_options(
         dtype=args.dtype,
         device_memory=memory_budget(args),
         backend=args.backend,
+        target=getattr(args, "target", None),
         alignment=args.alignment,
         profile=args.profile,
         hash_weights=args.hash_weights,

@@ -95,6 +95,7 @@ def compile_plan(
     dtype: str | None = None,
     memory: int | str | None = None,
     backend: Literal["cpu", "gpu"] | None = None,
+    target: str | None = None,
     alignment: int = 64,
     profile: str | None = None,
     sync_every: int = 0,
@@ -113,6 +114,8 @@ def compile_plan(
     parallel: Literal["pipeline", "tensor"] | None = None,
     split: tuple[int, ...] | None = None,
     sampling: bool = False,
+    prefix_blocks: int = 0,
+    prefix_cache: int | str | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -133,7 +136,11 @@ def compile_plan(
     layers per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every
     rank's. ``sampling`` is ``--sampling``: mlx-lm's sampler, logits processors and the top
     log-probabilities traced into the plan (per-call settings; see ``dctms run --help``).
-    ``progress`` receives one line per compiler pass. Weights are never loaded.
+    ``target`` is ``--target``: "cpu", "metal[-PROFILE]" or "cuda[-PROFILE]" (a GPU's memory
+    model from MLX's source: the graph is traced on the CPU on any machine; see the docs' Targets).
+    ``batch`` > 1 plans that many slots (sequences in flight at once, each at its own position;
+    ``dctms.runner.batch``); ``prefix_blocks`` (or ``prefix_cache``, bytes or a size) adds a
+    prompt-prefix pool of that many blocks (``dctms.toolkit.prefix_pool``). ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
     from dctms.figures.budget import shortfall
     from dctms.schema.model_folder import open_model
@@ -147,6 +154,7 @@ def compile_plan(
         dtype=dtype,
         device_memory=_bytes(memory, "memory"),
         backend=backend,
+        target=target,
         alignment=alignment,
         profile=profile,
         hash_weights=hash_weights,
@@ -165,6 +173,8 @@ def compile_plan(
         parallel=parallel,
         split=split,
         sampling=sampling,
+        prefix_blocks=prefix_blocks,
+        prefix_cache=_bytes(prefix_cache, "prefix_cache"),
     )
     plan = _compile(open_model(model), options, progress)
     short = shortfall(plan.envelope)
@@ -211,6 +221,7 @@ def fit(
     prefill_chunk: int | None = None,
     dtype: str | None = None,
     backend: Literal["cpu", "gpu"] | None = None,
+    target: str | None = None,
     alignment: int = 64,
     profile: str | None = None,
     sync_every: int = 0,
@@ -261,6 +272,7 @@ def fit(
         dtype=dtype,
         device_memory=budget,
         backend=backend,
+        target=target,
         alignment=alignment,
         profile=profile,
         hash_weights=hash_weights,

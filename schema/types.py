@@ -152,8 +152,22 @@ class TargetProfile(_Base):
     bandwidth_source: Name
 
 
+class MemoryModel(_Base):
+    """The GPU allocator a plan is modelled for, written from MLX's source (``schema.targets``):
+    *modelled*, not measured. The verifier re-derives every field from ``name``, ``mlx`` and the
+    target profile."""
+
+    name: Literal["metal", "cuda"]
+    mlx: Name  # the MLX minor whose allocator source the model follows
+    page_bytes: Positive  # requests are rounded to pages (metal: above one page; cuda: from one)
+    small_bytes: Int  # metal: below it, the 1 MiB heap; cuda: at most it, the 8-byte pool
+    ops_per_buffer: Positive  # kernel ops per command buffer (metal) or CUDA graph, MLX's default
+    active_tasks: Positive  # committed buffers the host lets be outstanding (MAX_ACTIVE_TASKS)
+    not_modelled: list[Name] = []  # what the model leaves out, said in the plan itself
+
+
 class Target(_Base):
-    backend: Backend  # the MLX device the graph was traced for
+    backend: Backend  # the MLX device the plan runs on (a GPU target's graph is traced on the CPU)
     alignment: Positive
     profile: TargetProfile
     device_memory: ByteCount | None = None
@@ -163,6 +177,9 @@ class Target(_Base):
     # The allocator may hand a request of S bytes a cached buffer up to min(S, allocator_slack) bytes
     # larger and then counts its whole size (MLX's BufferCache: < min(2 S, S + 2 pages)).
     allocator_slack: Int = 0
+    # GPU targets (compile --target metal | cuda): the allocator model; None for the CPU's model
+    # (dctms.toolkit.memory_model) and for plans traced natively on a GPU (--backend gpu).
+    memory_model: MemoryModel | None = None
 
 
 class SlidingWindow(_Base):
@@ -439,6 +456,7 @@ class CompileRequest(_Base):
     dtype: Name | None = None
     device_memory: ByteCount | None = None
     backend: Name | None = None
+    target: Name | None = None  # compile --target as given (cpu, metal[-PROFILE], cuda)
     alignment: Positive = 64
     profile: Name | None = None
     sync_every: Int = 0

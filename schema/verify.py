@@ -41,6 +41,7 @@ from dctms.schema import (
     rules_request,
     rules_runner,
     rules_sampling,
+    rules_target,
     rules_totals,
     rules_vision,
 )
@@ -99,6 +100,7 @@ RULES: dict[str, Rule] = {
     "runtime_floor": rules_derived.runtime_floor,
     "dynamic_scratch": rules_derived.dynamic_scratch,
     "run_ahead": rules_derived.run_ahead,
+    "memory_model": rules_target.memory_model,
     "lengths": rules_lengths.lengths,
     "index_safety": rules_index.index_safety,
     "compile_request": rules_request.compile_request,

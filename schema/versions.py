@@ -26,7 +26,11 @@ from plans compiled from a folder or a config, which are byte-identical to befor
 prefill phase takes a ``slot`` input, the decode phase a ``positions`` vector and the length
 ``rows`` (``Lengths.names``); in version 5 a batch meant B sequences of one shared length. Also
 new since 5: ``CompileRequest.hub`` and ``CompileRequest.sampling``, which were added within 5
-without a step. A version 5 plan is refused with the line that says to recompile.
+without a step. Also new in 6: ``Bounds.prefix_blocks`` and the ``save_block`` / ``load_block``
+phases (a prompt-prefix pool, ``toolkit.prefix_pool``), ``CompileRequest.prefix_blocks`` /
+``prefix_cache``, ``Target.memory_model`` (a GPU target's memory model from MLX's source,
+``schema.targets``) and ``CompileRequest.target``; each absent from plans that do not use it.
+A version 5 plan is refused with the line that says to recompile.
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """

@@ -77,6 +77,7 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
         "dtype": "--dtype",
         "device_memory": "--memory",
         "backend": "--backend",
+        "target": "--target",
         "alignment": "--alignment",
         "profile": "--profile",
         "sync_every": "--sync-every",

@@ -28,6 +28,7 @@ from dctms.schema.sizes import (
     recorded_run_ahead,
     slack_bytes,
 )
+from dctms.schema.targets import overhead, run_ahead_budget
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -41,6 +42,7 @@ from dctms.schema.types import (
     Generator,
     LengthAffine,
     Lengths,
+    MemoryModel,
     ModelInfo,
     Op,
     Phase,
@@ -83,6 +85,7 @@ from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
 from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import Schedule, build_schedule
+from dctms.toolkit.targets import ROUNDING_BLOCK, resolve_target, rounding_block, target_slack
 from dctms.toolkit.trace import (
     DTYPES,
     PhaseTracer,
@@ -117,6 +120,9 @@ class CompileOptions:
     dtype: str | None = None
     device_memory: int | None = None
     backend: str | None = None
+    # The target memory model (schema.targets): "cpu", "metal[-PROFILE]" or "cuda[-PROFILE]"; a
+    # GPU target is traced on the CPU and planned by its allocator model (toolkit.targets).
+    target: str | None = None
     alignment: int = 64
     profile: str | None = None
     hash_weights: bool = False
@@ -236,6 +242,7 @@ class Settings:
     backend: str
     profile: TargetProfile
     allocator_slack: int
+    memory_model: MemoryModel | None = None  # a GPU target's allocator model (schema.targets)
 
 
 def compile_plan(
@@ -248,7 +255,7 @@ def compile_plan(
     limits.check_config(source.config)
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
-    use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
+    use_device(trace_device(settings))  # the graph (fast kernels or their composites) depends on it
     part = plan_model(source, headers, opts, settings, say)
     state, phases = part.state, part.phases
     envelope = build_envelope(
@@ -324,7 +331,7 @@ def plan_model(
                 fits.get(tp.name),
                 _candidates(fits.get(tp.name), opts),
                 say,
-                rules=memory_rules(settings.backend, opts.run_ahead),
+                rules=memory_rules(settings.backend, opts.run_ahead, settings.memory_model),
             )
         )
     return ModelPart(
@@ -332,7 +339,7 @@ def plan_model(
         capacity,
         weights,
         phases,
-        state_tensors(traced, settings.allocator_slack),
+        state_tensors(traced, settings.allocator_slack, settings.memory_model, weights),
         ranked[0] if ranked else None,
     )
 
@@ -356,10 +363,18 @@ def resolve_settings(
 ) -> Settings:
     """dtype (see ``model_dtype``), prefill chunk, backend, roofline profile."""
     dtype = model_dtype(config, headers, opts.dtype)
-    backend = opts.backend or ("gpu" if mx.default_device() == mx.gpu else "cpu")
+    chunk = opts.prefill_chunk or min(opts.input_tokens, 512)
+    if opts.target is not None:
+        target = resolve_target(opts)
+        if target.model is not None:
+            return Settings(
+                dtype, chunk, "gpu", target.profile, target_slack(target.model), target.model
+            )
+    default = "gpu" if mx.default_device() == mx.gpu and opts.target is None else "cpu"
+    backend = opts.backend or default
     return Settings(
         dtype=dtype,
-        prefill_chunk=opts.prefill_chunk or min(opts.input_tokens, 512),
+        prefill_chunk=chunk,
         backend=backend,
         profile=get_profile(opts.profile or DEFAULT_PROFILE[backend]),
         allocator_slack=ALLOCATOR_SLACK[backend],
@@ -498,6 +513,7 @@ def _fuses(opts: CompileOptions) -> bool:
     CPU, no cast at load, not a rank's slices (``runner.weight_arena``)."""
     return (
         opts.backend in (None, "cpu")
+        and opts.target in (None, "cpu")
         and opts.dtype is None
         and opts.ranks == 1
         and opts.parallel is None
@@ -593,8 +609,14 @@ def grid_steps(opts: CompileOptions) -> tuple[int, int]:
     )
 
 
-def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
-    """The KV cache (the phases' state inputs) and the runner's persistent byte blocks."""
+def state_tensors(
+    traced: Traced,
+    allocator_slack: int,
+    model: MemoryModel | None = None,
+    weights: Weights | None = None,
+) -> list[StateTensor]:
+    """The KV cache (the phases' state inputs) and the runner's persistent byte blocks; on a GPU
+    target (``model``) also what its allocator's rounding adds to the weights and KV arrays."""
     kv = [
         StateTensor(
             b.name,
@@ -607,7 +629,12 @@ def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
         )
         for b in _state_bindings(traced)
     ]
-    return kv + _persistent(traced.phases, allocator_slack)
+    blocks = _persistent(traced.phases, allocator_slack, model)
+    if model is not None:
+        size = rounding_block(model, weights, kv)
+        if size:
+            blocks.append(StateTensor(ROUNDING_BLOCK, "persistent", [size], "uint8", size))
+    return kv + blocks
 
 
 def _state_bindings(traced: Traced) -> list[TracedBinding]:
@@ -667,8 +694,11 @@ def emit_plan(
             alignment=opts.alignment,
             profile=settings.profile,
             device_memory=opts.device_memory,
-            run_ahead_dispatches=recorded_run_ahead(settings.backend, opts.run_ahead),
+            run_ahead_dispatches=recorded_run_ahead(
+                settings.backend, opts.run_ahead, settings.memory_model
+            ),
             allocator_slack=settings.allocator_slack,
+            memory_model=settings.memory_model,
         ),
         state=state,
         phases=phases,
@@ -722,6 +752,12 @@ def model_dtype(config: dict, headers: list[HeaderTensor] | None, cast: str | No
     return dtype if dtype in DTYPES else "bfloat16"
 
 
+def trace_device(settings: Settings) -> str:
+    """The device the graph is traced on: a GPU target's on the CPU (cross-compilation: the same
+    graph on every machine, MLX's composites of the fast kernels), else the plan's backend."""
+    return "cpu" if settings.memory_model is not None else settings.backend
+
+
 def use_device(backend: str) -> None:
     """Make ``backend`` MLX's default device; refuse a GPU this machine does not have."""
     if backend == "gpu" and not mx.is_available(mx.gpu):
@@ -729,7 +765,9 @@ def use_device(backend: str) -> None:
     mx.set_default_device(mx.gpu if backend == "gpu" else mx.cpu)
 
 
-def _persistent(phases: list[TracedPhase], slack: int) -> list[StateTensor]:
+def _persistent(
+    phases: list[TracedPhase], slack: int, model: MemoryModel | None = None
+) -> list[StateTensor]:
     """Memory the runner holds across calls besides the cache: each phase's constants (made once)
     and the input arrays of two calls (one computing, one being built), each with the allocator's
     cache-reuse slack. Recorded as byte blocks (uint8, shape [bytes])."""
@@ -740,7 +778,7 @@ def _persistent(phases: list[TracedPhase], slack: int) -> list[StateTensor]:
             sizes = [nbytes(x.shape, x.dtype) for x in items]
             # The runner builds the next call while the current one computes: two calls' inputs.
             copies = 2 if what == "inputs" else 1
-            size = copies * sum(b + min(b, slack) for b in sizes)
+            size = copies * sum(b + overhead(model, b, slack) for b in sizes)
             if size:
                 blocks.append(StateTensor(f"{tp.name}.{what}", "persistent", [size], "uint8", size))
     return blocks
@@ -818,10 +856,15 @@ class Placement:
     arena_gap_bytes: int
 
 
-def memory_rules(backend: str, run_ahead: str) -> MemoryRules:
+def memory_rules(backend: str, run_ahead: str, model: MemoryModel | None = None) -> MemoryRules:
     """Pass 3's rules for a backend: MLX's CPU donation and run-ahead (``run_ahead`` "free" or
-    "throttled"); GPU plans keep the throttled widening they always had (they are not proven: their
-    run-ahead is not modelled)."""
+    "throttled"); a GPU target's command-buffer widening in kernel ops, without donation
+    (``schema.targets``); GPU plans traced natively keep the throttled widening they always had
+    (they are not proven: their run-ahead is not modelled)."""
+    if model is not None:
+        return MemoryRules(
+            donation=False, run_ahead=run_ahead_budget(model), kernels=True, model=model
+        )
     if backend != "cpu":
         return MemoryRules(donation=False, run_ahead=THROTTLED_RUN_AHEAD)
     return MemoryRules(donation=True, run_ahead=RUN_AHEAD[run_ahead])
@@ -845,7 +888,7 @@ def plan_phase(
     sched = build_schedule(tp, views, ridge, sync_every)
     lives = analyse(tp, sched, rules)
     placement = assign_arena(lives, alignment, pack_seconds)
-    phase = emit_phase(tp, sched, lives, placement, allocator_slack)
+    phase = emit_phase(tp, sched, lives, placement, allocator_slack, rules.model)
     if lengths is None:
         return phase
     points, dropped = verified_points(tp, lengths, sched, lives, candidates or [], rules)
@@ -907,6 +950,7 @@ def emit_phase(
     lives: PhaseLives,
     placement: Placement,
     allocator_slack: int,
+    model: MemoryModel | None = None,
 ) -> Phase:
     """Emit one phase: ops in execution order, tensor records by variant, buffers, sync points."""
     ops = []
@@ -967,7 +1011,7 @@ def emit_phase(
         lower_bound_bytes=placement.lower_bound_bytes,
         arena_optimal=placement.arena_optimal,
         arena_gap_bytes=placement.arena_gap_bytes,
-        slack_bytes=slack_bytes(tensors, len(sched.slots), allocator_slack),
+        slack_bytes=slack_bytes(tensors, len(sched.slots), allocator_slack, model),
     )
 
 

@@ -56,6 +56,8 @@ def compile_kind(
         )
     if opts.sampling and kind is not TEXT and kind.name != "text":
         raise DctmsError(f"--sampling is not supported for {kind.name} plans yet")
+    if opts.target not in (None, "cpu") and kind.name != "text":
+        raise DctmsError(f"--target {opts.target} is not supported for {kind.name} plans yet")
     if kind.images is not None:
         from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
 

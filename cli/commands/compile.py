@@ -91,6 +91,10 @@ def _run(args: argparse.Namespace, target) -> int:
     else:
         sys.stdout.buffer.write(encode_plan(plan))
         sys.stdout.flush()
+    if not args.quiet and plan.target.memory_model is not None:
+        from dctms.toolkit.targets import compile_note
+
+        print(f"dctms compile: {compile_note(plan.target.memory_model.name)}", file=sys.stderr)
     if not args.quiet:  # whatever stdout is: the plan's one figure and where it went
         print(summary_line(plan, "the plan to stdout" if target is None else args.output), file=sys.stderr)
     short = shortfall(plan.envelope)
