@@ -5,7 +5,9 @@ prompt of turn k is the whole conversation so far (every earlier message and ans
 chat template, as a chat client re-sends it. With a plan compiled with ``--prefix-blocks`` the
 earlier turns' prompt chunks are found in the pool (``runner.prefix_cache``) and only the rest is
 prefilled; one JSON line per turn on stdout says how many prompt tokens came from the pool, and the
-answer's ids are those a plan without the pool generates.
+answer's ids are those a plan without the pool generates. The report (``--report``) keeps the pool's
+events per turn (blocks hit, saved, evicted; the block table after it): ``dctms show PLAN --run
+REPORT`` and ``dctms-tui PLAN --run REPORT`` draw them.
 """
 
 from __future__ import annotations
@@ -50,8 +52,11 @@ def run_conversation(args: argparse.Namespace, plan, model, target) -> int:
         plan, model, verify_hashes=args.verify_weights
     )
     session.prerecord()
+    pool = getattr(session, "prefix", None)
+    if pool is not None:
+        pool.start_recording()  # the report's pool_events: what `dctms show --run` draws
     messages: list[dict] = []
-    rows = []
+    rows, pool_events = [], []
     for k, text in enumerate(turns, 1):
         messages.append({"role": "user", "content": text})
         prompt = encode_chat(tokenizer, messages, system if system is not None else args.system_prompt)
@@ -75,19 +80,19 @@ def run_conversation(args: argparse.Namespace, plan, model, target) -> int:
         row = {"turn": k, "prompt_tokens": len(prompt), "cached_tokens": cached,
                "ttft_s": round(gen.ttft_s, 4), "tokens": gen.tokens, "text": answer}  # fmt: skip
         rows.append(row)
+        if pool is not None:
+            pool_events += [{"turn": k, **e.as_json(pool.block_tokens)} for e in pool.events]
+            pool.events.clear()
         print(json.dumps(row, ensure_ascii=False))
     observed = session.observed_peak()
     within = observed <= plan.envelope.provable
-    pool = getattr(session, "prefix", None)
     report = {
         "turns": rows,
         "provable_bytes": plan.envelope.provable,
         "observed": {"mlx_peak_bytes": observed},
         "within_envelope": within,
-        "prefix_pool": None if pool is None else {
-            "blocks": pool.blocks, "block_tokens": pool.block_tokens, "used": pool.used,
-            **vars(pool.stats),
-        },
+        "prefix_pool": None if pool is None else pool.summary(),
+        "pool_events": pool_events,  # per turn: blocks hit, saved, evicted; the table after it
     }  # fmt: skip
     if target is not None:
         target.write(json.dumps(report, indent=2).encode() + b"\n")

@@ -240,6 +240,8 @@ def fit(
     parallel: Literal["pipeline", "tensor"] | None = None,
     split: tuple[int, ...] | None = None,
     sampling: bool = False,
+    prefix_blocks: int = 0,
+    prefix_cache: int | str | None = None,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
@@ -290,6 +292,8 @@ def fit(
         parallel=parallel,
         split=split,
         sampling=sampling,
+        prefix_blocks=prefix_blocks,
+        prefix_cache=_bytes(prefix_cache, "prefix_cache"),
     )
     if ranks > 1:
         from dctms.toolkit.distributed import widest_rank as _compile  # noqa: F811

@@ -129,19 +129,19 @@ def test_number_keys_tab_and_palette_switch_screens():
     app = make_app()
 
     async def scenario(pilot):
-        order = ["overview", "memory", "lifetimes", "buffers", "schedule", "ops"]
+        order = ["overview", "memory", "lifetimes", "buffers", "schedule", "ops", "pool"]
         for number, mode in enumerate(order, start=1):
             await keys(pilot, str(number))
             assert app.current_mode == mode
         await keys(pilot, "tab")
         assert app.current_mode == "overview"  # wraps around
         await keys(pilot, "shift+tab")
-        assert app.current_mode == "ops"
-        await keys(pilot, "7")  # no Diff screen with one plan: it says why
-        assert app.current_mode == "ops"
+        assert app.current_mode == "pool"
+        await keys(pilot, "8")  # no Diff screen with one plan: it says why
+        assert app.current_mode == "pool"
         (note,) = app._notifications
         assert "compares two plans: start it as dctms-tui OLD NEW" in note.message
-        assert " 7 Diff " in screen_text(app).splitlines()[0]  # dimmed in the navigation bar
+        assert " 8 Diff " in screen_text(app).splitlines()[0]  # dimmed in the navigation bar
         await keys(pilot, "ctrl+p")
         await pilot.press(*"lifetim")
         await pilot.pause(0.3)
@@ -434,7 +434,7 @@ def test_diff_mode_opens_on_the_deltas():
         assert "+0.000" in speed
         await keys(pilot, "2")  # the other screens show the new plan
         assert app.current_mode == "memory"
-        await keys(pilot, "7")
+        await keys(pilot, "8")
         assert app.current_mode == "diff"
 
     drive(app, scenario)

@@ -75,6 +75,7 @@ from dctms.toolkit.lengths import (
     fit,
     prefill_candidates,
     rows_candidates,
+    rows_grid,
     sample_lengths,
     sample_rows,
     single_candidates,
@@ -597,7 +598,7 @@ def _candidates(lf: LengthFit | None, opts: CompileOptions) -> list[tuple[int, .
     if len(lf.names) == 2:
         return prefill_candidates(lf.bound[0], lf.bound[1], opts.input_tokens, token_step)
     if lf.names == (ROWS,):
-        return [(r,) for r in range(1, lf.bound[0] + 1)]
+        return [(r,) for r in rows_grid(lf.bound[0])]
     return single_candidates(lf.names[0], lf.bound[0], token_step, window_step)
 
 

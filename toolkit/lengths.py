@@ -287,10 +287,22 @@ def sample_rows(bound: int) -> tuple[int, int] | None:
 def rows_candidates(
     rows_bound: int, window_bound: int, window_step: int = WINDOW_STEP
 ) -> list[tuple[int, int]]:
-    """(rows, window) pairs of a batched decode: every row count from 1 to the plan's slots, at
-    every window of the grid (a step attends over the longest busy sequence's positions)."""
+    """(rows, window) pairs of a batched decode: the row counts of ``rows_grid``, at every window
+    of the grid (a step attends over the longest busy sequence's positions)."""
     windows = length_grid(window_bound, window_step)
-    return [(r, w) for r in range(1, rows_bound + 1) for w in windows]
+    return [(r, w) for r in rows_grid(rows_bound) for w in windows]
+
+
+def rows_grid(bound: int) -> list[int]:
+    """The row counts a batched decode step may run at: powers of two, and the plan's slots. A
+    step of r busy rows runs at the smallest of them >= r (at most twice the rows it needs); every
+    row count would multiply the points the compiler verifies by the slots (a 1.5B model's
+    8-slot plan: 7 x 27 windows), for a step cost that grows far slower than its rows."""
+    values, r = [], 1
+    while r < bound:
+        values.append(r)
+        r *= 2
+    return [*values, bound]
 
 
 def single_candidates(
