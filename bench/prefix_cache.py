@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_vs_mlx_lm import dctms_status, free_port, server_env, tree_rss, wait_ready  # noqa: E402
+from serve_vs_mlx_lm import dctms_status, server_env, tree_rss  # noqa: E402
+
+from dctms.benchmark.serve_clients import free_port, wait_ready  # noqa: E402
 
 TOPICS = ["the sea", "a mountain", "bread", "a bicycle", "the moon", "tea", "a library",
           "rain", "a violin", "a garden", "trains", "snow"]  # fmt: skip

@@ -29,11 +29,9 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,26 +47,6 @@ PROMPTS = [
     "Give me a name for a grey cat.",
     "What is the difference between weather and climate? Answer briefly, for a child.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with status {proc.returncode} before it listened")
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.25)
-    raise RuntimeError("server did not listen in time")
 
 
 def server_command(system: str, plan: Path, folder: Path, port: int, concurrency: int) -> list[str]:
@@ -116,7 +94,14 @@ def dctms_metrics(url: str, model: str = "demo") -> dict[str, float]:
 
 
 def measure_system(system: str, args, plan: Path, folder: Path, group=None) -> dict:
-    from dctms.benchmark.serve_clients import PeakPoller, level_figures, run_level, stream_chat
+    from dctms.benchmark.serve_clients import (
+        PeakPoller,
+        free_port,
+        level_figures,
+        run_level,
+        stream_chat,
+        wait_ready,
+    )
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -7,12 +7,37 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server that must be told its port (mlx_lm.server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    """Return once the server at ``url`` answers ``/v1/models``; ``RuntimeError`` when ``proc``
+    exits first or ``timeout_s`` passes (loading a model takes seconds to minutes)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode} before it listened")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.25)
+    raise RuntimeError("server did not listen in time")
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,7 @@ def judge(reports: dict[int, dict], ranks: int) -> tuple[int, str]:
         rep = reports[over[0]]
         return EXIT_OVER_ENVELOPE, (
             f"rank {over[0]}'s observed MLX peak {rep['observed']['mlx_peak_bytes']} bytes exceeds "
-            f"its provable envelope {rep['provable_bytes']} bytes"
+            f"its provable peak {rep['provable_bytes']} bytes"
         )
     tokens = {tuple(rep["tokens"]) for rep in reports.values()}
     if len(tokens) != 1:

@@ -1,5 +1,5 @@
 """What a finished ``dctms run`` prints: the summary table, the line saying where the generation
-stopped, and the envelope verdict (exit 3 when the observed peak went past the provable envelope).
+stopped, and the envelope verdict (exit 3 when the observed peak went past the provable peak).
 
 Shared by every kind of run (``commands.run``, ``run_vision``, ``distributed``), so none of them
 imports another to print it.
@@ -22,12 +22,12 @@ def length_line(max_tokens: int | None, plan_m: int) -> str:
 
 
 def envelope_verdict(report: dict) -> int:
-    """0 when the run stayed within the provable envelope; else one stderr line and exit 3."""
+    """0 when the run stayed within the provable peak; else one stderr line and exit 3."""
     if report["within_envelope"]:
         return 0
     print(
         f"dctms run: observed MLX peak {report['observed']['mlx_peak_bytes']} bytes exceeds the "
-        f"plan's provable envelope {report['provable_bytes']} bytes",
+        f"plan's provable peak {report['provable_bytes']} bytes",
         file=sys.stderr,
     )
     return EXIT_OVER_ENVELOPE

@@ -67,12 +67,15 @@ PathLike = str | os.PathLike[str]
 Progress = Callable[[str], None]
 
 
-def read_plan(path: PathLike) -> Plan:
-    """Read and fully validate the plan file at ``path`` (schema version, JSON Schema, semantic
-    verifier). Raises ``PlanError`` naming every problem; never imports MLX."""
+def read_plan(path: PathLike, *, for_run: bool = False) -> Plan:
+    """Read and validate the plan file at ``path`` (schema version, JSON Schema, semantic
+    verifier). The verifier's proof that every index stays inside its array (rule
+    ``index_safety``, seconds on a 7B plan) runs with ``for_run=True``, as ``dctms validate`` and
+    the runner read; reading a plan for its figures does not need it. Raises ``PlanError`` naming
+    every problem; never imports MLX."""
     from dctms.schema.io import read_plan as _read
 
-    return _read(path)
+    return _read(path, for_run=for_run)
 
 
 def write_plan(plan: Plan, path: PathLike) -> None:

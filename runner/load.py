@@ -19,8 +19,9 @@ from dctms.schema.types import Plan
 
 
 def load_checked_plan(path: str | Path) -> Plan:
-    """Schema + verifier (``read_plan``) and the runtime's own compatibility checks."""
-    plan = read_plan(path)
+    """Schema + every verifier rule, the run-only ones included (``read_plan(for_run=True)``:
+    index safety), and the runtime's own compatibility checks."""
+    plan = read_plan(path, for_run=True)
     check_runtime(plan)
     return plan
 

@@ -28,7 +28,7 @@ Count = msgspec.Meta(ge=0, le=2**31)
 ByteCount = Annotated[int, Bytes]
 Int = Annotated[int, Count]  # counts, indices, shape dimensions, slots
 Positive = Annotated[int, msgspec.Meta(ge=1, le=2**31)]
-SignedBytes = Annotated[int, msgspec.Meta(ge=-MAX_BYTES, le=MAX_BYTES)]  # M_free may be negative
+SignedBytes = Annotated[int, msgspec.Meta(ge=-MAX_BYTES, le=MAX_BYTES)]  # envelope.free may be negative
 Name = Annotated[str, msgspec.Meta(min_length=1)]
 Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 Shape = list[Int]

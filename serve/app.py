@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import resource
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -74,6 +76,7 @@ class ServerState:
         peak = w.observed_peak()
         provable = self.pool["provable"]
         rss = self._proc.memory_info().rss
+        rss_peak = max(rss, _peak_rss())
         return {
             "models": sorted(w.models),
             "envelope": self.pool,
@@ -83,6 +86,7 @@ class ServerState:
             "within_envelope": peak <= provable,
             "active_bytes": w.active_memory(),
             "rss_bytes": rss,
+            "rss_peak_bytes": rss_peak,
             "rss_within_envelope_total": rss <= self.pool["total"],
             "queue_waiting": w.waiting,
             "queue_running": w.running,
@@ -93,6 +97,13 @@ class ServerState:
             "uptime_s": round(time.time() - self.started, 3),
             "per_model": w.model_load(),  # slots, slots busy, queue, tok/s, peak vs envelope
         }
+
+
+def _peak_rss() -> int:
+    """The process's largest resident set since it started: the kernel's high-water mark
+    (``ru_maxrss``, KiB on Linux, bytes on macOS), which no sampling between requests can miss."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def build_app(worker: Worker, pool: dict, hosts: frozenset[str], api_key: str | None,
@@ -398,7 +409,9 @@ def prometheus(status: dict) -> str:
         ("dctms_observed_mlx_peak_bytes", "MLX peak memory since the server started",
          status["observed_mlx_peak_bytes"]),
         ("dctms_active_bytes", "MLX active memory now", status["active_bytes"]),
-        ("dctms_rss_bytes", "server process resident set size", status["rss_bytes"]),
+        ("dctms_rss_bytes", "server process resident set size now", status["rss_bytes"]),
+        ("dctms_rss_peak_bytes", "server process resident set size, its peak since it started",
+         status["rss_peak_bytes"]),
         ("dctms_queue_waiting", "requests waiting for the worker", status["queue_waiting"]),
         ("dctms_queue_running", "requests the worker is running", status["queue_running"]),
         ("dctms_requests_finished_total", "requests the worker finished",

@@ -386,7 +386,7 @@ def test_exit_3_when_observed_peak_exceeds_the_envelope(
         assert rc == EXIT_OVER_ENVELOPE == 3
         assert not data["within_envelope"]
         assert f"observed MLX peak {provable + 1} bytes exceeds" in err
-        assert f"provable envelope {provable} bytes" in err
+        assert f"provable peak {provable} bytes" in err
         assert "within envelope: NO" in err
     else:  # exactly at the envelope is within it
         assert rc == 0

@@ -39,6 +39,11 @@ Verdict = Literal["ok", "stale", "edited"]
 
 @dataclass(frozen=True)
 class CheckResult:
+    """What ``check_plan`` found: ``verdict`` is ``"ok"`` (the plan is what its recorded request
+    compiles to today), ``"stale"`` (the compiler or the model changed it: ``reason`` names the
+    first difference, ``remedy`` the command that re-makes it, ``fresh`` the re-compiled plan) or
+    ``"edited"`` (the file was changed after it was written)."""
+
     path: str
     verdict: Verdict
     reason: str  # "" when ok; else the first difference, on one line

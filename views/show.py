@@ -81,14 +81,14 @@ def _models(plan: Plan) -> str:
     lines = [
         speculative_line(plan),
         f"  {'model':<8} {'architecture':<14} {'layers':>6} {'weights':>14} {'kv':>12} "
-        f"{'persistent':>11} {'intermediate':>13} {'MiB':>10}",
+        f"{'persistent':>11} {'intermediate':>13} {'provable peak MiB':>18}",
     ]
     for r in model_part_rows(plan):
         arch = r.architecture if r.model != "plan" else "sum; max"
         layers = str(r.num_layers) if r.model != "plan" else ""
         lines.append(
             f"  {r.model:<8} {arch:<14} {layers:>6} {r.weights:>14,} {r.kv:>12,} "
-            f"{r.persistent:>11,} {r.intermediate:>13,} {r.provable / MIB:>10.2f}"
+            f"{r.persistent:>11,} {r.intermediate:>13,} {r.provable / MIB:>18.2f}"
         )
     lines.append(f"  ({PARTS_RULE})")
     return "\n".join(lines)
