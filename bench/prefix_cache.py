@@ -5,7 +5,8 @@ its prompt cache (issue #31, item 5).
 
 Each conversation is a chat whose every turn re-sends the whole history (the earlier questions and
 the answers the server gave), as a chat client does; the conversations run one after the other, one
-client, greedy, streamed. Three systems on the same model folder and the same BLAS (OpenBLAS for
+client, greedy, streamed. Both dctms plans use ``--chunk`` (64) as their prefill chunk, the pool's
+block size. Three systems on the same model folder and the same BLAS (OpenBLAS for
 both, see bench/serve_vs_mlx_lm.py): dctms with a plan compiled with ``--prefix-blocks`` (a pool
 large enough for every conversation's history), dctms with the same plan but no pool, and
 mlx_lm.server (its LRU prompt cache on by default). Reported per turn: TTFT (median over the
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_vs_mlx_lm import dctms_status, server_env, tree_rss  # noqa: E402
+from serve_vs_mlx_lm import server_env, tree_rss  # noqa: E402
 
 from dctms.benchmark.serve_clients import free_port, wait_ready  # noqa: E402
 
@@ -36,14 +37,21 @@ FOLLOW_UPS = ["Tell me more.", "Why is that?", "Give an example.", "Say it diffe
               "What else should I know?", "Summarise what you said."]  # fmt: skip
 
 
+def dctms_status(url: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/status", timeout=5) as r:
+        return json.loads(r.read())
+
+
 def conversation_turns(k: int, turns: int) -> list[str]:
     return [f"In two sentences, tell me about {TOPICS[k % len(TOPICS)]}.",
             *FOLLOW_UPS[: turns - 1]]  # fmt: skip
 
 
-def compile_plan(model: str, out: Path, n: int, m: int, blocks: int) -> None:
+def compile_plan(model: str, out: Path, n: int, m: int, blocks: int, chunk: int) -> None:
     argv = [sys.executable, "-m", "dctms.cli.main", "compile", model, "-N", str(n), "-M", str(m),
-            "--batch", "2", "-o", str(out), "-q"]  # fmt: skip
+            "--batch", "2", "--prefill-chunk", str(chunk), "-o", str(out), "-q"]  # fmt: skip
     if blocks:
         argv += ["--prefix-blocks", str(blocks)]
     subprocess.run(argv, check=True)
@@ -118,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("-N", type=int, default=1024)
     ap.add_argument("--blocks", type=int, default=64)
+    # a block is one prefill chunk: chats of a few hundred tokens need blocks finer than the
+    # default chunk (min(N, 512)); both dctms plans use it
+    ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--systems", default="dctms-pool,dctms,mlx_lm")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -127,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         wanted = args.systems.split(",")
         for name, blocks in (("dctms-pool", args.blocks), ("dctms", 0)):
             if name in wanted:
-                compile_plan(args.model, plans[name], args.N, args.max_tokens, blocks)
+                compile_plan(args.model, plans[name], args.N, args.max_tokens, blocks, args.chunk)
         for name in wanted:
             if name.startswith("dctms"):
                 argv_ = [sys.executable, "-m", "dctms.cli.main", "serve", "--plan",
