@@ -291,6 +291,11 @@ def main() -> None:
     ap.add_argument("--families", default="tests/data/families", help="config corpus ('' to skip)")
     ap.add_argument("--families-only", action="store_true", help="only the family table")
     ap.add_argument(
+        "--fixed-lengths",
+        action="store_true",
+        help="family table: compile without the length grid (the phases at the bound are the same)",
+    )
+    ap.add_argument(
         "--run-ahead",
         default="free",
         choices=("free", "throttled"),

@@ -107,7 +107,7 @@ def test_every_family_phase_within_one_percent_or_its_structure_explained():
         assert r["ratio"] > GOAL, f"{key} now meets the goal ({r['ratio']:.4f}): drop it from ABOVE"
         st = structure(r["problem"], r["budget"])
         assert st.parts == 1, key
-        assert st.periodic >= 0.75 * st.buffers, (key, st)
+        assert st.periodic >= 0.6 * st.buffers, (key, st)
         assert st.peak_periods >= 1, (key, st)
         assert st.window_ratio < r["ratio"], (key, st)
     assert ABOVE <= seen
