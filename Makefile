@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[cpu,test]'
 	@command -v dot >/dev/null 2>&1 || { \
 	  echo "installing the Graphviz 'dot' binary (apt-get)"; \
 	  (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || \

@@ -194,8 +194,8 @@ def bench_plan_packing(seconds: float) -> None:
     """Each checked-in plan's phases re-packed from their tenants: greedy alone vs with search."""
     from dctms.schema.io import read_plan
     from dctms.schema.sizes import align_up, is_arena_tenant
-    from dctms.toolkit.pack_problem import make_problem
-    from dctms.toolkit.pack_solve import solve
+    from dctms.toolkit.pack.problem import make_problem
+    from dctms.toolkit.pack.solve import solve
 
     print(f"\npacking the checked-in plans' phases (search budget {seconds:g} s)")
     print(
@@ -226,8 +226,8 @@ def bench_plan_packing(seconds: float) -> None:
 
 def bench_tiles(counts: list[int], seeds: int, seconds: float) -> None:
     """Rectangles cut into tiles: the optimum is the rectangle's width, by construction."""
-    from dctms.toolkit.pack_instances import tiles
-    from dctms.toolkit.pack_solve import solve
+    from dctms.toolkit.pack.instances import tiles
+    from dctms.toolkit.pack.solve import solve
 
     width = 1 << 20
     print(f"\ntiles: a {width:,} B x 10,000-slot rectangle cut at random (optimum = width)")
@@ -253,7 +253,7 @@ def bench_assigner(n: int, span: int) -> None:
     import numpy as np
 
     from dctms.toolkit import assign
-    from dctms.toolkit.pack_problem import is_valid, make_problem
+    from dctms.toolkit.pack.problem import is_valid, make_problem
 
     rng = random.Random(0)
     mean = 80 * span / n  # ~80 tensors live at once, whatever the span

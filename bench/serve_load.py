@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -185,32 +184,26 @@ def overhead(server: Server, models: dict, max_tokens: dict, rounds: int, openai
 
 class Server:
     def __init__(self, models: dict, memory: str):
+        from dctms.benchmark.serve_clients import free_port, wait_ready
+
         args = []
         for name, m in models.items():
             args += ["--plan", f"{name}={m['plan']}={m['folder']}"]
+        port = free_port()
         self.proc = subprocess.Popen(
-            dctms("serve", *args, "--memory", memory, "--host", "127.0.0.1", "--port", "0",
+            dctms("serve", *args, "--memory", memory, "--host", "127.0.0.1", "--port", str(port),
                   "--max-queue", "256"),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        self.url = ""
+        self.url = f"http://127.0.0.1:{port}"
         self.log: list[str] = []
-        ready = threading.Event()
-
-        def read() -> None:
-            for line in self.proc.stderr:
-                self.log.append(line)
-                found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-                if found:
-                    self.url = found.group(1)
-                    ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        deadline = time.monotonic() + 300
-        while not ready.wait(0.1):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise SystemExit("dctms serve did not start:\n" + "".join(self.log))
+        # read stderr throughout: kept for the error message, and a full pipe would stall the server
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+        try:
+            wait_ready(self.url, self.proc)
+        except RuntimeError as err:
+            self.proc.kill()
+            raise SystemExit(f"dctms serve did not start ({err}):\n" + "".join(self.log)) from None
 
     def status(self) -> dict:
         with urllib.request.urlopen(self.url + "/status", timeout=30) as r:

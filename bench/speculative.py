@@ -23,7 +23,7 @@ from dctms.runner.session import Session
 from dctms.runner.speculative import SpeculativeSession
 from dctms.schema.model_folder import open_model, open_model_folder
 from dctms.toolkit.compiler import CompileOptions
-from dctms.toolkit.speculative import compile_speculative
+from dctms.toolkit.kinds.speculative import compile_speculative
 from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model
 
 PROMPTS = ([7], [5, 17, 33, 200, 9, 41, 7], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] * 3)

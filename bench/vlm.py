@@ -55,7 +55,7 @@ CONFIGS = {
 
 
 def make_folder(family: str, where: Path) -> Path:
-    from dctms.toolkit import vision_tiny
+    from dctms.toolkit.vision import tiny as vision_tiny
 
     spec = CONFIGS[family]
     base = vision_tiny.CONFIGS[family]
@@ -107,7 +107,7 @@ def bench_family(family: str, reps: int, text_tokens: int, tmp: Path) -> dict:
     from dctms.schema.io import write_plan
     from dctms.schema.model_folder import open_model, open_model_folder
     from dctms.toolkit.compiler import CompileOptions
-    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
+    from dctms.toolkit.vision.compiler import VisionOptions, compile_vlm_plan
 
     spec = CONFIGS[family]
     folder = make_folder(family, tmp)

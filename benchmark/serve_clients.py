@@ -7,12 +7,37 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server that must be told its port (mlx_lm.server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    """Return once the server at ``url`` answers ``/v1/models``; ``RuntimeError`` when ``proc``
+    exits first or ``timeout_s`` passes (loading a model takes seconds to minutes)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode} before it listened")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.25)
+    raise RuntimeError("server did not listen in time")
 
 
 @dataclass(frozen=True)
@@ -23,13 +48,23 @@ class Answer:
     completion_tokens: int
     text: str
     error: str = ""
+    cached_tokens: int | None = None  # prompt tokens the server reused, when it reports them
 
 
 def stream_chat(url: str, model: str, content: str, max_tokens: int, timeout_s: float) -> Answer:
+    """One streamed, greedy chat completion of one user message (``stream_messages``)."""
+    return stream_messages(url, model, [{"role": "user", "content": content}], max_tokens, timeout_s)
+
+
+def stream_messages(
+    url: str, model: str, messages: list[dict], max_tokens: int, timeout_s: float
+) -> Answer:
     """One streamed, greedy chat completion; the completion tokens counted from the server's usage
-    (``stream_options.include_usage``) or, where it sends none, from its content chunks."""
+    (``stream_options.include_usage``) or, where it sends none, from its content chunks; the prompt
+    tokens the server says it took from its cache (``usage.prompt_tokens_details.cached_tokens``)
+    where it says so."""
     body = {
-        "model": model, "messages": [{"role": "user", "content": content}],
+        "model": model, "messages": messages,
         "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
@@ -57,7 +92,8 @@ def stream_chat(url: str, model: str, content: str, max_tokens: int, timeout_s: 
     except Exception as err:  # noqa: BLE001 - a failed request is a measured outcome
         return Answer(getattr(err, "code", 0), None, time.perf_counter() - start, 0, "", repr(err))
     tokens = (usage or {}).get("completion_tokens", chunks)
-    return Answer(status, ttft, time.perf_counter() - start, tokens, "".join(text))
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    return Answer(status, ttft, time.perf_counter() - start, tokens, "".join(text), "", cached)
 
 
 def run_level(

@@ -17,7 +17,7 @@ from dctms.schema.errors import DctmsError
 
 if TYPE_CHECKING:
     from dctms.toolkit.compiler import CompileOptions
-    from dctms.toolkit.plan_kinds import PlanKind
+    from dctms.toolkit.kinds.dispatch import PlanKind
 
 
 # Known target profiles, listed here so `--help` needs no compiler import (a test keeps them equal
@@ -31,6 +31,9 @@ PROFILE_NAMES = (
     "apple-m4-pro",
     "cpu-x86-2core",
     "cpu-x86-2core-openblas",
+    "nvidia-a100-sxm",
+    "nvidia-h100-sxm",
+    "nvidia-h200-sxm",
 )
 
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
@@ -38,7 +41,26 @@ DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 
 def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: bool) -> None:
     """Every compiler option except the token bounds -N / -M (each command sets those its way)."""
-    parser.add_argument("--batch", type=int, default=1, help="sequences per call (default 1)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="slots: sequences in flight at once, each at its own position (default 1)",
+    )
+    pool = parser.add_mutually_exclusive_group()
+    pool.add_argument(
+        "--prefix-blocks",
+        type=int,
+        default=0,
+        metavar="K",
+        help="a prompt-prefix pool of K blocks, each one prefill chunk of every layer's keys and "
+        "values, kept across requests (counted in M_KV; least recently used evicted)",
+    )
+    pool.add_argument(
+        "--prefix-cache",
+        metavar="SIZE",
+        help="a prompt-prefix pool of as many blocks as SIZE holds, e.g. 64MiB",
+    )
     parser.add_argument(
         "--prefill-chunk", type=int, help="tokens per prefill call (default min(N, 512))"
     )
@@ -57,6 +79,13 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
     )
     parser.add_argument(
         "--backend", choices=["cpu", "gpu"], help="MLX device (default: MLX's default)"
+    )
+    parser.add_argument(
+        "--target",
+        metavar="TARGET",
+        help="memory model: cpu, metal[-PROFILE] or cuda[-PROFILE]; a GPU target is traced on "
+        "the CPU on any machine and planned by its allocator as modelled from MLX's source "
+        "(not measured; see docs: targets)",
     )
     parser.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
     parser.add_argument(
@@ -182,6 +211,16 @@ def memory_budget(args: argparse.Namespace) -> int | None:
         raise DctmsError(f"--memory: {err}") from None
 
 
+def prefix_cache_bytes(args: argparse.Namespace) -> int | None:
+    """``--prefix-cache`` in bytes (None when not given)."""
+    if getattr(args, "prefix_cache", None) is None:
+        return None
+    try:
+        return parse_size(args.prefix_cache)
+    except DctmsError as err:
+        raise DctmsError(f"--prefix-cache: {err}") from None
+
+
 def compile_options(
     args: argparse.Namespace,
     input_tokens: int,
@@ -196,10 +235,13 @@ def compile_options(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         batch=args.batch,
+        prefix_blocks=args.prefix_blocks,
+        prefix_cache=prefix_cache_bytes(args),
         prefill_chunk=prefill_chunk if prefill_chunk is not None else args.prefill_chunk,
         dtype=args.dtype,
         device_memory=memory_budget(args),
         backend=args.backend,
+        target=getattr(args, "target", None),
         alignment=args.alignment,
         profile=args.profile,
         hash_weights=args.hash_weights,
@@ -254,7 +296,7 @@ def add_plan_kind_options(parser: argparse.ArgumentParser) -> None:
 def plan_kind(args: argparse.Namespace) -> PlanKind:
     """The plan kind the parsed options ask for; one line naming a missing companion option."""
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.plan_kinds import TEXT, Images, PlanKind
+    from dctms.toolkit.kinds.dispatch import TEXT, Images, PlanKind
 
     if args.num_draft is not None and not args.draft:
         raise DctmsError("--num-draft needs --draft DRAFT (the draft model)")
@@ -262,7 +304,7 @@ def plan_kind(args: argparse.Namespace) -> PlanKind:
     if args.overlap and args.images is None:
         raise DctmsError("--overlap is for vision-language plans (with --images and --image-size)")
     if args.images is not None or args.image_size is not None:
-        from dctms.toolkit.vision_compile import parse_image_size
+        from dctms.toolkit.vision.compiler import parse_image_size
 
         if args.images is None or args.image_size is None:
             raise DctmsError("vision-language plans need both --images K and --image-size HxW")

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import dctms
 from dctms.cli.progress import progress_printer
+from dctms.cli.run_summary import EXIT_OVER_ENVELOPE
 from dctms.figures.budget import shortfall
 from dctms.schema.errors import DctmsError
 from dctms.schema.ranks import PLAN_NAME
 
 EXIT_REFUSED = 2
-EXIT_OVER_ENVELOPE = 3
 EXIT_NO_ANSWER = 4
 
 
@@ -53,7 +53,7 @@ def compile_ranks_command(args: argparse.Namespace) -> int:
     from dctms.schema.io import encode_plan
     from dctms.schema.model_folder import open_model
     from dctms.schema.output import check_output_folder, write_output
-    from dctms.toolkit.distributed import choose_split, compile_ranks
+    from dctms.toolkit.kinds.distributed import choose_split, compile_ranks
     from dctms.views.ranks import rank_table
 
     if args.ranks < 2:
@@ -259,7 +259,7 @@ def judge(reports: dict[int, dict], ranks: int) -> tuple[int, str]:
         rep = reports[over[0]]
         return EXIT_OVER_ENVELOPE, (
             f"rank {over[0]}'s observed MLX peak {rep['observed']['mlx_peak_bytes']} bytes exceeds "
-            f"its provable envelope {rep['provable_bytes']} bytes"
+            f"its provable peak {rep['provable_bytes']} bytes"
         )
     tokens = {tuple(rep["tokens"]) for rep in reports.values()}
     if len(tokens) != 1:
@@ -324,7 +324,7 @@ class Watchdog:
 def run_as_rank(args: argparse.Namespace) -> int:
     import mlx.core as mx
 
-    from dctms.cli.commands.run import prompt_request
+    from dctms.cli.run_prompt import prompt_request
     from dctms.runner.distributed import check_rank, exchange_flags
     from dctms.runner.load import check_fingerprint, load_checked_plan
     from dctms.runner.measure import RssSampler

@@ -33,6 +33,8 @@ COMMANDS = [
     "convert-gguf",
     "check",
     "explain",
+    "simulate",
+    "selftest",
 ]
 
 # The commands that compute with MLX: started with an optimised BLAS when MLX carries the
@@ -48,6 +50,19 @@ FAST_BLAS_COMMANDS = {
     "check",
     "explain",
 }
+
+
+# The commands that run MLX: refused at start, in one line, on an MLX whose graph export and
+# allocators dctms does not know (dctms.schema.targets.SUPPORTED_MLX).
+MLX_COMMANDS = FAST_BLAS_COMMANDS | {"convert-gguf", "selftest"}
+
+
+def _check_mlx() -> None:
+    from dctms.schema.targets import mlx_refusal
+
+    why = mlx_refusal()
+    if why is not None:
+        raise DctmsError(why)
 
 
 def one_line(text: str) -> str:
@@ -94,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in MLX_COMMANDS:
+            _check_mlx()
         if args.command in MODEL_ARGUMENTS:  # ORG/NAME[@REVISION]: its cached snapshot folder
             resolve_model_arguments(args)
         return int(args.func(args) or 0)

@@ -33,7 +33,7 @@ def chat_prompt(
 
 def run_vision(args: argparse.Namespace, plan, model, target) -> int:
 
-    from dctms.cli.commands.run import envelope_verdict, length_line, summary
+    from dctms.cli.run_summary import envelope_verdict, length_line, summary
     from dctms.runner.measure import RssSampler
     from dctms.runner.report import build_report, report_bytes
     from dctms.runner.request import validate_request

@@ -67,12 +67,15 @@ PathLike = str | os.PathLike[str]
 Progress = Callable[[str], None]
 
 
-def read_plan(path: PathLike) -> Plan:
-    """Read and fully validate the plan file at ``path`` (schema version, JSON Schema, semantic
-    verifier). Raises ``PlanError`` naming every problem; never imports MLX."""
+def read_plan(path: PathLike, *, for_run: bool = False) -> Plan:
+    """Read and validate the plan file at ``path`` (schema version, JSON Schema, semantic
+    verifier). The verifier's proof that every index stays inside its array (rule
+    ``index_safety``, seconds on a 7B plan) runs with ``for_run=True``, as ``dctms validate`` and
+    the runner read; reading a plan for its figures does not need it. Raises ``PlanError`` naming
+    every problem; never imports MLX."""
     from dctms.schema.io import read_plan as _read
 
-    return _read(path)
+    return _read(path, for_run=for_run)
 
 
 def write_plan(plan: Plan, path: PathLike) -> None:
@@ -92,6 +95,7 @@ def compile_plan(
     dtype: str | None = None,
     memory: int | str | None = None,
     backend: Literal["cpu", "gpu"] | None = None,
+    target: str | None = None,
     alignment: int = 64,
     profile: str | None = None,
     sync_every: int = 0,
@@ -110,6 +114,8 @@ def compile_plan(
     parallel: Literal["pipeline", "tensor"] | None = None,
     split: tuple[int, ...] | None = None,
     sampling: bool = False,
+    prefix_blocks: int = 0,
+    prefix_cache: int | str | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -127,10 +133,14 @@ def compile_plan(
     runs short calls at (fixed, padded phases; the envelope is the same); ``token_step`` and
     ``window_step`` set their grid (``dctms compile --token-step/--window-step``). ``ranks`` > 1
     with ``parallel`` compiles rank ``rank`` of the model split by mlx-lm's ``pipeline`` (``split``:
-    layers per rank) or ``shard`` (tensor); ``dctms.toolkit.distributed.compile_ranks`` makes every
+    layers per rank) or ``shard`` (tensor); ``dctms.toolkit.kinds.distributed.compile_ranks`` makes every
     rank's. ``sampling`` is ``--sampling``: mlx-lm's sampler, logits processors and the top
     log-probabilities traced into the plan (per-call settings; see ``dctms run --help``).
-    ``progress`` receives one line per compiler pass. Weights are never loaded.
+    ``target`` is ``--target``: "cpu", "metal[-PROFILE]" or "cuda[-PROFILE]" (a GPU's memory
+    model from MLX's source: the graph is traced on the CPU on any machine; see the docs' Targets).
+    ``batch`` > 1 plans that many slots (sequences in flight at once, each at its own position;
+    ``dctms.runner.batch``); ``prefix_blocks`` (or ``prefix_cache``, bytes or a size) adds a
+    prompt-prefix pool of that many blocks (``dctms.toolkit.prefix_pool``). ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
     from dctms.figures.budget import shortfall
     from dctms.schema.model_folder import open_model
@@ -144,6 +154,7 @@ def compile_plan(
         dtype=dtype,
         device_memory=_bytes(memory, "memory"),
         backend=backend,
+        target=target,
         alignment=alignment,
         profile=profile,
         hash_weights=hash_weights,
@@ -162,6 +173,8 @@ def compile_plan(
         parallel=parallel,
         split=split,
         sampling=sampling,
+        prefix_blocks=prefix_blocks,
+        prefix_cache=_bytes(prefix_cache, "prefix_cache"),
     )
     plan = _compile(open_model(model), options, progress)
     short = shortfall(plan.envelope)
@@ -208,6 +221,7 @@ def fit(
     prefill_chunk: int | None = None,
     dtype: str | None = None,
     backend: Literal["cpu", "gpu"] | None = None,
+    target: str | None = None,
     alignment: int = 64,
     profile: str | None = None,
     sync_every: int = 0,
@@ -226,6 +240,8 @@ def fit(
     parallel: Literal["pipeline", "tensor"] | None = None,
     split: tuple[int, ...] | None = None,
     sampling: bool = False,
+    prefix_blocks: int = 0,
+    prefix_cache: int | str | None = None,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
@@ -258,6 +274,7 @@ def fit(
         dtype=dtype,
         device_memory=budget,
         backend=backend,
+        target=target,
         alignment=alignment,
         profile=profile,
         hash_weights=hash_weights,
@@ -275,9 +292,11 @@ def fit(
         parallel=parallel,
         split=split,
         sampling=sampling,
+        prefix_blocks=prefix_blocks,
+        prefix_cache=_bytes(prefix_cache, "prefix_cache"),
     )
     if ranks > 1:
-        from dctms.toolkit.distributed import widest_rank as _compile  # noqa: F811
+        from dctms.toolkit.kinds.distributed import widest_rank as _compile  # noqa: F811
 
     def bounds(value: int) -> tuple[int, int]:
         return (value, fixed) if search_n else (fixed, value)

@@ -238,8 +238,9 @@ def drivers(plan: Plan, intermediate_phase: str) -> list[Driver]:
             "kv",
             e.kv,
             ("N", "M", "batch", "dtype"),
-            f"{plan.model.num_layers} layers x {b.kv_capacity} positions ({positions}) x batch "
-            f"{b.batch}, {kv_storage(plan)}",
+            f"{plan.model.num_layers} layers x {b.kv_capacity} positions ({positions}) x "
+            + (f"batch {b.batch}" if b.batch == 1 else f"{b.batch} slots of {e.kv // b.batch:,} B")
+            + f", {kv_storage(plan)}",
         ),
         Driver(
             "persistent",

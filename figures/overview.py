@@ -61,12 +61,73 @@ def bounds_rows(plan: Plan) -> list[tuple[str, str]]:
     return [
         ("input tokens (N)", str(b.input_tokens)),
         ("output tokens (M)", str(b.output_tokens)),
-        ("batch", str(b.batch)),
+        ("batch", batch_label(plan)),
         ("prefill chunk", str(b.prefill_chunk)),
         ("dtype", b.dtype),
         ("KV cache", f"{kv_storage(plan)}, capacity {b.kv_capacity} positions"),
+        ("spare position", spare_position(plan)),
+        *([("prefix pool", pool_label(plan))] if b.prefix_blocks else []),
         *cache_rows(plan),
     ] + ([("rank", rank_label(plan))] if plan.distributed is not None else [])
+
+
+def spare_position(plan: Plan) -> str:
+    """Why the KV cache holds one position beyond N + M, and what it costs."""
+    b, e = plan.bounds, plan.envelope
+    cost = (e.kv - pool_bytes(plan)) // b.kv_capacity if b.kv_capacity else 0
+    why = (
+        "attention reads a proper slice of the cache at every window (MLX makes no Slice for a "
+        "full-range one, so the graph would differ at the largest window)"
+    )
+    if b.batch > 1:
+        why += "; a decode row without a sequence writes there, where no window reaches"
+    extra = b.kv_capacity - b.input_tokens - b.output_tokens
+    if extra > 1:  # kv_capacity: the padded prompt (longer than N + M) plus the spare
+        why += f"; the other {extra - 1} hold the last prompt chunk's padding"
+    return f"{extra} beyond N + M, {cost:,} B each: {why}"
+
+
+def batch_label(plan: Plan) -> str:
+    """``1``, or a batched plan's slots: ``8 slots of 321 positions (one sequence each, ragged
+    positions; decode steps of 2 to 8 rows)``."""
+    b = plan.bounds
+    if b.batch == 1:
+        return "1"
+    decode = next((p for p in plan.phases if p.name == "decode"), None)
+    rows = ""
+    if decode is not None and decode.lengths is not None and "rows" in decode.lengths.names:
+        d = decode.lengths.names.index("rows")
+        counts = sorted({p[d] for p in decode.lengths.points})
+        rows = f"; decode steps of {counts[0]} to {counts[-1]} rows"
+    return (
+        f"{b.batch} slots of {b.kv_capacity} positions (one sequence each, ragged positions"
+        f"{rows})"
+    )
+
+
+def pool_bytes(plan: Plan) -> int:
+    """Bytes of the prompt-prefix pool's blocks (``toolkit.prefix_pool``), 0 without one."""
+    return sum(s.bytes for s in plan.state if s.name.endswith(".pool"))
+
+
+def pool_label(plan: Plan) -> str:
+    """``64 blocks of 256 positions (1,572,864 B each, 100,663,296 B in M_KV); LRU``."""
+    k, pool = plan.bounds.prefix_blocks, pool_bytes(plan)
+    return (
+        f"{k} blocks of {plan.bounds.prefill_chunk} positions ({pool // k:,} B each, {pool:,} B "
+        "in M_KV): earlier prompts' whole chunks, kept across requests, least recently used "
+        "evicted"
+    )
+
+
+def kv_per_slot(plan: Plan) -> str:
+    """The KV line's note: what one slot costs (a batched plan), and the prefix pool's share."""
+    b, pool = plan.bounds.batch, pool_bytes(plan)
+    slots = plan.envelope.kv - pool
+    parts = [f"{b} slots x {slots // b:,} B"] if b > 1 else []
+    if pool:
+        parts.append(f"prefix pool {pool:,} B")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -86,6 +147,7 @@ def envelope_rows(plan: Plan) -> list[EnvelopeRow]:
     """The components, M_max, and the device budget and what is left when the plan has one."""
     e = plan.envelope
     rows = [EnvelopeRow(name, value) for name, value in envelope_parts(plan)]
+    rows = [EnvelopeRow(r.name, r.bytes, kv_per_slot(plan)) if r.name == "kv" else r for r in rows]
     rows[-1] = EnvelopeRow("runtime", e.runtime, e.runtime_source)
     rows.append(EnvelopeRow("total = M_max", e.total))
     if e.device is not None:

@@ -30,6 +30,9 @@ class PoolMember:
     runtime: int  # the plan's own allowance (its process baseline + its buffer cache)
     cache: int  # MLX buffer-cache limit the runner sets for this plan (0: cache off)
     total: int  # the plan's own M_max
+    # The graphs the runner records (runner.execute) when it has run at every verified length
+    # point: held by the process outside MLX's count and outside M_max (see RECORDED_OP_BYTES).
+    recorded: int = 0
 
     @property
     def held(self) -> int:
@@ -106,6 +109,26 @@ class Pool:
         return 0
 
 
+# Resident bytes per op of a recorded graph (runner.execute records each length point's segments
+# with mx.export_function / import_function): 155.6 MiB of RSS for the 200,220 ops of the 71
+# points of SmolLM2-135M's 8-slot plan (N 256, M 64), 815 B per op, measured 2026-12-02 on the
+# 2-core development machine (`python /tmp/rec.py`-style: RSS around BatchSession.prerecord());
+# rounded up to 1 KiB.
+RECORDED_OP_BYTES = 1024
+RUNNER_PHASES = ("prefill", "decode", "decode_one", "prefill_start", "decode_start", "verify")
+
+
+def recorded_bytes(plan: Plan) -> int:
+    """What the runner's recorded graphs hold once every verified point of the phases it runs has
+    been used (a long-running server's worst case)."""
+    ops = 0
+    for phase in [*plan.phases, *(plan.draft.phases if plan.draft else ())]:
+        if phase.name in RUNNER_PHASES:
+            points = len(phase.lengths.points) if phase.lengths else 1
+            ops += len(phase.ops) * points
+    return ops * RECORDED_OP_BYTES
+
+
 def member(name: str, plan: Plan) -> PoolMember:
     env = plan.envelope
     cache = env.intermediate if plan.target.allocator_slack else 0
@@ -118,6 +141,7 @@ def member(name: str, plan: Plan) -> PoolMember:
         runtime=env.runtime,
         cache=cache,
         total=env.total,
+        recorded=recorded_bytes(plan),
     )
 
 

@@ -57,6 +57,9 @@ def resources_of(pool: Pool, serving: bool) -> Resources:
         Term("buffer_cache", pool.cache, "MLX's buffer-cache limit the runner sets"),
         Term("process_baseline", pool.baseline,
              "interpreter, MLX, tokenizers and chat templates outside MLX's count (measured)"),
+        Term("recorded_graphs", sum(m.recorded for m in pool.members),
+             "the graphs the runner records for every length point it may run at, outside "
+             "MLX's count and M_max (1 KiB per op and point, measured 815 B)"),
     ]
     terms += [Term("server_stack" if i == 0 else f"server_stack_{i}", size, what)
               for i, (what, size) in enumerate(pool.extras)]

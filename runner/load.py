@@ -19,8 +19,9 @@ from dctms.schema.types import Plan
 
 
 def load_checked_plan(path: str | Path) -> Plan:
-    """Schema + verifier (``read_plan``) and the runtime's own compatibility checks."""
-    plan = read_plan(path)
+    """Schema + every verifier rule, the run-only ones included (``read_plan(for_run=True)``:
+    index safety), and the runtime's own compatibility checks."""
+    plan = read_plan(path, for_run=True)
     check_runtime(plan)
     return plan
 
@@ -37,8 +38,9 @@ def check_runtime(plan: Plan) -> None:
             f"plan was compiled with mlx {plan.generator.mlx}, this runner has mlx {mx.__version__}: "
             "primitive encodings differ between MLX minor versions; recompile the plan"
         )
-    if plan.target.backend == "gpu" and not mx.is_available(mx.gpu):
-        raise DctmsError("plan targets the gpu backend but this machine's MLX has no GPU")
+    refusal = device_refusal(plan)
+    if refusal is not None:
+        raise DctmsError(refusal)
     names = [p.name for p in plan.phases]
     for name in RUNNER_INPUTS:
         if name not in names:
@@ -53,6 +55,33 @@ def check_runtime(plan: Plan) -> None:
                     f"plan uses primitive {op.primitive} (phase {phase.name}, op {index}), "
                     f"which this runner cannot execute (mlx {mx.__version__})"
                 )
+
+
+def runner_device() -> str:
+    """The GPU this MLX drives ("metal", "cuda"), or "cpu" when it has none."""
+    if mx.metal.is_available():
+        return "metal"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def device_refusal(plan: Plan) -> str | None:
+    """Why this MLX cannot run the plan's target, naming both (a GPU plan needs its own GPU: a
+    metal plan on CUDA, or any GPU plan on a CPU-only MLX, is refused), or None."""
+    if plan.target.backend != "gpu":
+        return None
+    model = plan.target.memory_model
+    want = model.name if model is not None else "gpu"
+    have = runner_device()
+    if have == "cpu" or (model is not None and have != model.name):
+        mine = "has no GPU (it runs on cpu)" if have == "cpu" else f"runs on {have}"
+        return (
+            f"plan targets {want} (the gpu backend), this runner's MLX {mine}: run it on a "
+            f"{want} machine, or compile the model with --target {have}"
+        )
+    return None
 
 
 def configure_mlx(plan: Plan) -> None:

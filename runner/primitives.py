@@ -305,10 +305,30 @@ def _scatter_axis(args: list, x: list[mx.array]) -> mx.array:
     return mx.put_along_axis(x[0], x[1], x[2], axis=args[1])
 
 
+def _scatter(args: list, x: list[mx.array]) -> mx.array:
+    """``Scatter [reduce, axes]`` for the form Python's item assignment creates: indices on the
+    leading axes, reduce None (a batched decode's KV write, ``toolkit.slots``). ``a[i0, i1, ..] =
+    u`` builds Squeeze / Reshape views of the updates and one Scatter; ``mx.array(src)`` is a new
+    handle on the source without a primitive, so the caller's array is not rewritten."""
+    reduce, axes = args[0], list(args[1])
+    src, indices, updates = x[0], x[1:-1], x[-1]
+    k = len(indices)
+    if reduce != 4 or axes != list(range(k)) or k == 0:
+        raise DctmsError(
+            f"unsupported primitive Scatter [reduce={reduce}, axes={axes}]: only item assignment "
+            f"on leading axes maps 1:1 (mlx {mx.__version__})"
+        )
+    out = mx.array(src)
+    slice_axes = tuple(range(updates.ndim - src.ndim, updates.ndim - src.ndim + k))
+    out[tuple(indices)] = mx.squeeze(updates, slice_axes)
+    return out
+
+
 _GATHERS: dict[str, Handler] = {
     "Gather": _gather,
     "GatherAxis": lambda a, x: mx.take_along_axis(x[0], x[1], axis=a[0]),  # [axis]
     "ScatterAxis": _scatter_axis,
+    "Scatter": _scatter,
 }
 
 

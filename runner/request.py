@@ -65,7 +65,7 @@ def validate_request(
     stop: Iterable[int] = (),
     sampling: SamplingParams = GREEDY,
 ) -> Request:
-    """Refuse, with one line naming the problem, a request the plan cannot serve: a batch plan, a
+    """Refuse, with one line naming the problem, a request the plan cannot serve: a
     token count outside 1..M, an empty prompt or one longer than N, an id outside the vocabulary,
     sampling settings the plan or mlx-lm does not take."""
     return validate_requests(plan, [prompt], max_tokens, stop, sampling)[0]
@@ -81,8 +81,6 @@ def validate_requests(
     """``validate_request`` for several prompts generating the same number of tokens."""
     check_params(plan, sampling)
     b = plan.bounds
-    if b.batch != 1:
-        raise DctmsError(f"this runner executes batch-1 plans; the plan has batch {b.batch}")
     if max_tokens < 1:
         raise TooManyTokens(f"--max-tokens must be at least 1, got {max_tokens}", max_tokens, 1)
     if max_tokens > b.output_tokens:

@@ -31,6 +31,7 @@ from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.sizes import FREE_RUN_AHEAD
+from dctms.schema.slotted import slotted
 from dctms.schema.types import Plan, Scratch
 
 
@@ -52,6 +53,10 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
         "decode_start": b.kv.quantized_start - 1,
         "verify": max(0, b.input_tokens + b.output_tokens - 2),  # speculative decoding's
     }
+    if slotted(b):  # runner.batch: a row without a sequence writes at the spare last position
+        last_start["decode"] = last_start["decode_one"] = b.kv_capacity - 1
+        last_start["load_block"] = padded - b.prefill_chunk  # a block of a prompt's whole chunks
+        _check_slots(plan, state)
     for phase in plan.phases:
         if phase.name not in last_start:
             continue
@@ -81,6 +86,26 @@ def check_allocation(plan: Plan, weights: dict[str, mx.array], state: dict[str, 
                     f"{phase.name} writes {w.state} up to position {end}, but the array "
                     f"allocated for it holds {size} along axis {w.axis}"
                 )
+
+
+def _check_slots(plan: Plan, state: dict[str, mx.array]) -> None:
+    """A batched plan's KV arrays hold B slots of kv_capacity positions: every slot and position
+    ``runner.batch`` feeds (slot < B, position <= kv_capacity - 1) addresses inside them."""
+    b = plan.bounds
+    for name, array in state.items():
+        shape = array.shape
+        if name.endswith(".pool"):  # a prefix pool (toolkit.prefix_pool): blocks of one chunk
+            if len(shape) != 4 or shape[0] < b.prefix_blocks or shape[2] < b.prefill_chunk:
+                raise DctmsError(
+                    f"state {name} of shape {list(shape)} does not hold {b.prefix_blocks} "
+                    f"blocks of {b.prefill_chunk} positions"
+                )
+            continue
+        if len(shape) != 4 or shape[0] < b.batch or shape[2] < b.kv_capacity:
+            raise DctmsError(
+                f"state {name} of shape {list(shape)} does not hold {b.batch} slots of "
+                f"{b.kv_capacity} positions"
+            )
 
 
 def _last_float_start(b) -> int:
@@ -134,6 +159,8 @@ class Generation:
     # the request asked for them.
     seed: int | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # A plan with a prefix pool's: the prompt tokens loaded from the pool instead of prefilled.
+    cached_tokens: int | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -145,6 +172,7 @@ class Session:
     """Weights, static state and the two phase programs, allocated once for many generations."""
 
     TAKES_IMAGES = False  # a vision-language plan needs runner.vision_session.VisionSession
+    BATCHED = False  # a batched plan's slots need runner.batch.BatchSession
 
     def __init__(self, plan: Plan, model: ModelFolder, verify_hashes: bool = False):
         """``plan`` as ``load_checked_plan`` returns it (verified, runtime-checked: not again here).
@@ -154,6 +182,13 @@ class Session:
             raise DctmsError(
                 "a vision-language plan: run it with `dctms run PLAN --model DIR --prompt TEXT "
                 "--image FILE` (this command does not take images yet)"
+            )
+        if slotted(plan.bounds) != self.BATCHED:
+            raise DctmsError(
+                f"a plan with batch {plan.bounds.batch} runs in a BatchSession "
+                "(`dctms run PLAN --batch-prompts FILE`)"
+                if slotted(plan.bounds)
+                else "a batch-1 plan runs in a Session"
             )
         check_fingerprint(plan, model, verify_hashes)
         self.plan = plan

@@ -272,6 +272,18 @@ def _out_shapes(
         return [ins[1]]
     if prim == "ScatterAxis":
         return [x]
+    if prim == "Scatter":  # [reduce, axes]; inputs: the array, one index per axis, the updates
+        axes = [_axis(a, len(x)) for a in _ints(args[1], "axes")]
+        if len(ins) != len(axes) + 2:
+            raise EvalError(f"{len(ins) - 2} index arrays for axes {axes}")
+        where = broadcast(ins[1:-1]) if axes else ()
+        update = ins[-1]
+        sizes = update[len(where) :]
+        if update[: len(where)] != where or len(sizes) != len(x):
+            raise EvalError(f"updates of shape {list(update)} for indices of shape {list(where)}")
+        if any(not 0 <= s <= n for s, n in zip(sizes, x, strict=True)):
+            raise EvalError(f"update slices {list(sizes)} do not fit the shape {list(x)}")
+        return [x]
     if prim in ("Matmul", "AddMM"):
         a, b = ins[0], ins[1]
         if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:

@@ -41,6 +41,8 @@ class PositionWrite:
     extent: int
     modulus: int | None = None
     clamp: int | None = None  # at min(position, clamp): a rotating cache's kept tokens
+    # a batched plan's prefill (toolkit.slots): also at the slot input along this axis, one row
+    slot_axis: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
     shapes.update({c.id: c.shape for c in phase.constants})
     writes: list[PositionWrite] = []
     stray: list[StrayStateWrite] = []
+    slot_starts = _slot_starts(phase, positions)
+    blocks = derived_ids(phase, "block")
     for k, op in enumerate(phase.ops):
         if op.primitive != "DynamicSliceUpdate" or not op.inputs or op.inputs[0] not in state:
             continue
@@ -136,6 +140,15 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
         update = shapes.get(op.inputs[1]) if len(op.inputs) == 3 else None
         start = op.inputs[2] if len(op.inputs) == 3 else None
         known = positions | set(rings) | set(clamps)
+        if axes == [0] and start in blocks:
+            continue  # a prefix-pool block at the block input: rule index_safety bounds it
+        if axes is not None and len(axes) == 2 and update is not None and start in slot_starts:
+            slot_axis, axis = axes
+            if 0 <= axis < len(update) and 0 <= slot_axis < len(update) and update[slot_axis] == 1:
+                writes.append(PositionWrite(k, name, axis, update[axis], slot_axis=slot_axis))
+            else:
+                stray.append(StrayStateWrite(k, name))
+            continue
         if axes is None or len(axes) != 1 or update is None or start not in known:
             stray.append(StrayStateWrite(k, name))
             continue
@@ -147,3 +160,21 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
             PositionWrite(k, name, axis, update[axis], rings.get(start), clamps.get(start))
         )
     return writes, stray
+
+
+def _slot_starts(phase: Phase, positions: set[str]) -> set[str]:
+    """Ids holding ``[slot, position]``: a ``Concatenate`` of the slot input and the position
+    input, each as one element (a batched plan's prefill writes its sequence's row there)."""
+    slots = derived_ids(phase, "slot")
+    shapes = {t.id: t.shape for t in phase.tensors}
+    shapes.update({b.id: b.shape for b in phase.inputs})
+    found = set()
+    for op in phase.ops:
+        if op.primitive != "Concatenate" or len(op.inputs) != 2:
+            continue
+        first, second = op.inputs
+        if first in slots and second in positions and all(
+            shapes.get(i) == [1] or shapes.get(i) == (1,) for i in op.inputs
+        ):
+            found.update(op.outputs)
+    return found

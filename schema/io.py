@@ -6,7 +6,9 @@ to their default omitted, layout from ``layout``, trailing newline); ``write_pla
 Reading: ``decode_plan`` runs JSON parsing, the ``schema_version`` check (before anything else can
 complain), JSON Schema validation (every error), msgspec decoding and the semantic verifier, and
 raises ``PlanError`` listing every problem -- never anything else, whatever the bytes. ``read_plan``
-adds file-level checks.
+adds file-level checks. The verifier's run-only rules (``verify.RUN_ONLY``: index safety, seconds on
+a 7B plan) run only with ``for_run=True``, as ``dctms validate`` and the runner's
+``load_checked_plan`` read: a plan is shown, diffed or pooled without them, never run without them.
 
 Non-finite floats inside ``Constant.value`` and ``Op.args``: the codec of ``values`` is applied here
 once on encode (``to_json_value``) and once on decode (``from_json_value``); nothing else converts
@@ -95,8 +97,9 @@ def write_plan(
 # ----------------------------------------------------------------------------------------------- read
 
 
-def read_plan(path: str | os.PathLike[str]) -> Plan:
-    """Read and fully check the plan file at ``path``; ``PlanError`` (one clear line) on any problem."""
+def read_plan(path: str | os.PathLike[str], *, for_run: bool = False) -> Plan:
+    """Read and check the plan file at ``path`` (every verifier rule; the run-only ones, which a
+    plan about to run needs, with ``for_run``); ``PlanError`` (one clear line) on any problem."""
     source = str(path)
     target = Path(path)
 
@@ -120,13 +123,14 @@ def read_plan(path: str | os.PathLike[str]) -> Plan:
         raise fail(f"cannot read: {err.strerror or err}") from None
     if not data.strip():
         raise fail("file is empty" if not data else "file contains only whitespace")
-    return decode_plan(data, source)
+    return decode_plan(data, source, for_run=for_run)
 
 
-def decode_plan(data: bytes, source: str = "<plan>") -> Plan:
-    """Parse, validate and verify plan bytes; raises ``PlanError`` with every problem found."""
+def decode_plan(data: bytes, source: str = "<plan>", *, for_run: bool = False) -> Plan:
+    """Parse, validate and verify plan bytes (the run-only rules with ``for_run``); raises
+    ``PlanError`` with every problem found."""
     try:
-        plan, problems = _decode(data)
+        plan, problems = _decode(data, for_run)
     except RecursionError:
         problems = [Problem("$", "nested too deeply", "json")]
     except Exception as err:  # noqa: BLE001 - the contract is PlanError for any input whatsoever
@@ -136,7 +140,7 @@ def decode_plan(data: bytes, source: str = "<plan>") -> Plan:
     return plan
 
 
-def _decode(data: bytes) -> tuple[Plan | None, list[Problem]]:
+def _decode(data: bytes, for_run: bool) -> tuple[Plan | None, list[Problem]]:
     if isinstance(data, str):
         data = data.encode("utf-8")
     if not bytes(data).strip():
@@ -153,7 +157,7 @@ def _decode(data: bytes) -> tuple[Plan | None, list[Problem]]:
     if version is not None:
         return None, [version]
     plan = _restore_non_finite(plan)
-    problems = verify_plan(plan)
+    problems = verify_plan(plan, for_run=for_run)
     if not problems:  # an invalid plan is refused anyway: these would add nothing
         problems = _integrity_problems(plan, bytes(data))
     return plan, problems

@@ -19,7 +19,13 @@ here, so an edit that lowers it (and re-stamps the digest) is still refused:
   worker before the reader has run, capped at the segment's sync point. Dispatches per op follow
   from the plan: 1 for an op whose outputs are all views (a donated output is not: its op still
   runs a kernel), 3 for ``DynamicSliceUpdate`` and
-  ``SliceUpdate``, 2 otherwise (``dctms.toolkit.memory_model``'s counts).
+  ``SliceUpdate``, 1 for a ``Scatter`` into state (a batched decode's KV write), 2 otherwise
+  (``dctms.toolkit.memory_model``'s counts). On a GPU target (``target.memory_model``) the budget
+  counts kernel ops instead: 0 for an op that may encode no kernel (a view or reshape primitive,
+  ``AsType``, an op whose outputs are all views or all empty), 1 for every other
+  (``schema.targets.kernel_ops``).
+- ``persistent_state`` on a GPU target also covers what the allocator's rounding and cache reuse add
+  to every weight and KV array (``schema.targets.overhead``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dctms.schema.aliasing import DONATING
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.rules_runner import runnable
 from dctms.schema.sizes import ITEMSIZE, is_arena_tenant, run_ahead_end
+from dctms.schema.targets import kernel_ops, overhead
 from dctms.schema.vision_bytes import input_copies, vision_phases
 
 Finding = tuple[str, str]
@@ -53,7 +60,7 @@ def persistent_state(ix: PlanIndex) -> Iterator[Finding]:
     plan = ix.plan
     if not runnable(plan):
         return  # what the runner holds across its calls: a plan it cannot run holds nothing
-    slack = plan.target.allocator_slack
+    slack, model = plan.target.allocator_slack, plan.target.memory_model
     # A vision call's inputs live only during the call (counted with its arena, see
     # schema.vision_bytes); the features table among them is also prefill's input, counted there.
     variants = vision_phases(plan)
@@ -65,15 +72,23 @@ def persistent_state(ix: PlanIndex) -> Iterator[Finding]:
             for b in phase.inputs
             if b.kind == "input"
         ]
-        need += sum(b + min(b, slack) for b in constants)
+        need += sum(b + overhead(model, b, slack) for b in constants)
         if phase.name not in variants:
-            need += sum(copies * (b + min(b, slack)) for copies, b in inputs)
+            need += sum(copies * (b + overhead(model, b, slack)) for copies, b in inputs)
+    what = "the phases' constants and two calls' inputs"
+    if model is not None:
+        need += rounding_bytes(model, plan)
+        what += f" (and the {model.name} allocator's rounding of the weights and KV cache)"
     if plan.envelope.persistent < need:
-        yield (
-            "$.envelope.persistent",
-            f"{plan.envelope.persistent}, but the phases' constants and two calls' inputs "
-            f"need {need}",
-        )
+        yield ("$.envelope.persistent", f"{plan.envelope.persistent}, but {what} need {need}")
+
+
+def rounding_bytes(model, plan) -> int:
+    """What a GPU allocator's rounding and cache reuse add to the weights and KV arrays, each a
+    buffer of its own (``schema.targets.overhead``)."""
+    arrays = [w.bytes for w in plan.model.weights.tensors]
+    arrays += [s.bytes for s in plan.state if s.kind == "kv"]
+    return sum(overhead(model, b) for b in arrays)
 
 
 def _bytes(shape: list[int], dtype: str) -> int:
@@ -108,11 +123,37 @@ def run_ahead(ix: PlanIndex) -> Iterator[Finding]:
     budget = ix.plan.target.run_ahead_dispatches
     if budget <= 0:
         return
+    kernels = ix.plan.target.memory_model is not None
     for px in ix.phases:
-        yield from _phase_run_ahead(px, budget)
+        yield from _phase_run_ahead(px, budget, kernels)
 
 
-def _phase_run_ahead(px: PhaseIndex, budget: int) -> Iterator[Finding]:
+def op_dispatches(phase, order: list[int], kernels: bool) -> list[int]:
+    """Per op in execution ``order``: the encoder dispatches the CPU model counts, or with
+    ``kernels`` (a GPU target) the kernel ops: 0 for an op making views only, else 1."""
+    views = {t.id for t in phase.tensors if t.view_of is not None}
+    own_views = {t.id for t in phase.tensors if t.view_of is not None and t.kind != "state"}
+    size = {t.id: t.bytes for t in phase.tensors}
+    state = {b.id for b in phase.inputs if b.kind == "state"}
+    dispatches = []
+    for op_position in order:
+        op = phase.ops[op_position]
+        if kernels:
+            views_only = bool(op.outputs) and all(t in own_views for t in op.outputs)
+            empty = all(size.get(t, 1) == 0 for t in op.outputs)
+            dispatches.append(kernel_ops(op.primitive, views_only, empty))
+        elif op.primitive in THREE_DISPATCHES:
+            dispatches.append(3)
+        elif op.primitive == "Scatter" and op.inputs and op.inputs[0] in state:
+            dispatches.append(1)  # into the donated state: no copy kernel, one scatter
+        elif op.outputs and all(t in views for t in op.outputs) and op.primitive not in DONATING:
+            dispatches.append(1)
+        else:
+            dispatches.append(2)
+    return dispatches
+
+
+def _phase_run_ahead(px: PhaseIndex, budget: int, kernels: bool = False) -> Iterator[Finding]:
     phase = px.phase
     order = [px.op_at_index[i] for members in phase.slots for i in members if i in px.op_at_index]
     if len(order) != len(phase.ops) or len(set(order)) != len(order):
@@ -120,16 +161,7 @@ def _phase_run_ahead(px: PhaseIndex, budget: int) -> Iterator[Finding]:
     position_of = {op_position: p for p, op_position in enumerate(order)}
     slot_at = [px.slot_of.get(op_position, 0) for op_position in order]
     tensors = phase.tensors
-    views = {t.id for t in tensors if t.view_of is not None}
-    dispatches = []
-    for op_position in order:
-        op = phase.ops[op_position]
-        if op.primitive in THREE_DISPATCHES:
-            dispatches.append(3)
-        elif op.outputs and all(t in views for t in op.outputs) and op.primitive not in DONATING:
-            dispatches.append(1)
-        else:
-            dispatches.append(2)
+    dispatches = op_dispatches(phase, order, kernels)
     prefix = [0]
     for d in dispatches:
         prefix.append(prefix[-1] + d)
@@ -175,6 +207,7 @@ def _phase_run_ahead(px: PhaseIndex, budget: int) -> Iterator[Finding]:
         if len(t.interval) == 2 and t.interval[1] < need:
             yield (
                 f"{px.tensor_path(i)}.interval",
-                f"ends at slot {t.interval[1]}, but MLX may run {budget} dispatches ahead of "
-                f"its last read: it lives until slot {need}",
+                f"ends at slot {t.interval[1]}, but MLX may run {budget} "
+                f"{'kernel ops' if kernels else 'dispatches'} ahead of its last read: it lives "
+                f"until slot {need}",
             )

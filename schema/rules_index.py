@@ -1,8 +1,8 @@
 """Verifier rule ``index_safety``: at every point a phase runs at, every shape MLX infers holds and
 every access by a value lies inside the array it addresses.
 
-MLX's ``DynamicSlice``, ``DynamicSliceUpdate``, ``Gather``, ``GatherAxis`` and ``ScatterAxis``
-do not bounds-check their index values on the CPU: an index past the array reads or writes freed
+MLX's ``DynamicSlice``, ``DynamicSliceUpdate``, ``Gather``, ``GatherAxis``, ``ScatterAxis`` and
+``Scatter`` do not bounds-check their index values on the CPU: an index past the array reads or writes freed
 memory (a segmentation fault, or silent garbage). A shape that stops matching at a length point
 (an affine function with the wrong slope) is an MLX error mid-call. So, for each phase, at the
 bound and at every verified point of ``Phase.lengths``, the rule evaluates the phase abstractly
@@ -33,11 +33,12 @@ from dctms.schema.access import state_writes
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.rules_runner import RESULT, runnable
 from dctms.schema.sampling import samples
+from dctms.schema.slotted import slotted
 
 Finding = tuple[str, str]
 
 ADDRESSING = frozenset(
-    {"DynamicSlice", "DynamicSliceUpdate", "Gather", "GatherAxis", "ScatterAxis"}
+    {"DynamicSlice", "DynamicSliceUpdate", "Gather", "GatherAxis", "ScatterAxis", "Scatter"}
 )
 
 
@@ -52,6 +53,12 @@ def runtime_ranges(ix: PlanIndex, px: PhaseIndex, point) -> dict[str, Range]:
         "position": (0, max(0, plan.bounds.kv_capacity - phase.tokens)),
         "last_index": (0, max(0, tokens - 1)),
     }
+    if slotted(plan.bounds):  # a plan in slots (toolkit.slots): runner.batch bounds both
+        ranges["slot"] = (0, plan.bounds.batch - 1)
+        # a busy row's position, or the spare last one where a free row's step writes
+        ranges["positions"] = (0, max(0, plan.bounds.kv_capacity - 1))
+    if plan.bounds.prefix_blocks > 0:  # runner.prefix_cache: a block of the pool
+        ranges["block"] = (0, plan.bounds.prefix_blocks - 1)
     if samples(plan):  # compile --sampling: runner.sampling checks each before it feeds it
         vocab = (0, plan.model.vocab_size - 1)
         recent = next((b for b in phase.inputs if b.name == "recent"), None)
@@ -154,6 +161,13 @@ def _access(px: PhaseIndex, op: OpAt) -> Iterator[Finding]:
                 problem = _inside(r, shapes[0][ax] - sizes[ax], "index")
                 if problem:
                     yield where, f"Gather on axis {ax} of size {shapes[0][ax]}: {problem}"
+        elif prim == "Scatter":
+            axes = list(args[1])
+            sizes = shapes[-1][len(shapes[-1]) - len(shapes[0]) :]
+            for ax, r in zip(axes, ranges[1:-1], strict=False):
+                problem = _inside(r, shapes[0][ax] - sizes[ax], "index")
+                if problem:
+                    yield where, f"Scatter on axis {ax} of size {shapes[0][ax]}: {problem}"
         elif prim in ("GatherAxis", "ScatterAxis"):
             ax = args[0] if prim == "GatherAxis" else args[1]
             size = shapes[0][ax]

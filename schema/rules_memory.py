@@ -412,11 +412,18 @@ def arena_bounds(ix: PlanIndex) -> Iterator[Finding]:
                 f"{px.path}.lower_bound_bytes",
                 f"lower bound {phase.lower_bound_bytes} exceeds arena_bytes {phase.arena_bytes}",
             )
-        slack = slack_bytes(phase.tensors, px.num_slots, ix.plan.target.allocator_slack)
+        target = ix.plan.target
+        slack = slack_bytes(
+            phase.tensors, px.num_slots, target.allocator_slack, target.memory_model
+        )
         if phase.slack_bytes != slack:
+            model = target.memory_model
+            how = "cache reuse"
+            if model is not None:
+                how = f"the {model.name} allocator's rounding and cache reuse"
             yield (
                 f"{px.path}.slack_bytes",
-                f"{phase.slack_bytes}, but cache reuse can add up to {slack} bytes to the live tenants",
+                f"{phase.slack_bytes}, but {how} can add up to {slack} bytes to the live tenants",
             )
 
 

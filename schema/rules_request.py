@@ -58,7 +58,7 @@ def compile_request(ix: PlanIndex) -> Iterator[Finding]:
             f"{(b.kv.bits, b.kv.group_size)}",
         )
     # (0: a plan that assumes no run-ahead, as a hand-written one does, records no mode to compare)
-    budget = recorded_run_ahead(t.backend, req.run_ahead)
+    budget = recorded_run_ahead(t.backend, req.run_ahead, t.memory_model)
     if t.run_ahead_dispatches not in (0, budget):
         yield (
             "$.compile.run_ahead",

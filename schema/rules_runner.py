@@ -16,6 +16,7 @@ from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.phase_index import PlanIndex
 from dctms.schema.sampling import INPUTS as SAMPLING_INPUTS
 from dctms.schema.sampling import SAMPLED_PHASES, samples
+from dctms.schema.slotted import slotted
 
 Finding = tuple[str, str]
 
@@ -30,6 +31,20 @@ OPTIONAL_INPUTS = {
     "verify": ("tokens", "position"),
     "prefill_start": ("tokens", "position", "last_index"),
     "decode_start": ("tokens", "position"),  # a quantised cache's float steps before its switch
+    "decode_one": ("tokens", "positions"),  # a batched plan's step of slot 0 alone
+    # a prefix pool's block copies (toolkit.prefix_pool): no token, no result
+    "save_block": ("slot", "position", "block"),
+    "load_block": ("slot", "position", "block"),
+}
+# Phases that copy state and return no token: they read state they do not write (the runner
+# keeps what such a phase reads; runner.batch) and have no next_token.
+BLOCK_PHASES = ("save_block", "load_block")
+# A batched plan's (toolkit.slots): a prefill chunk of one sequence into its slot, a decode step
+# of the first rows at their own positions.
+BATCHED_INPUTS = {
+    "prefill": ("tokens", "position", "last_index", "slot"),
+    "decode": ("tokens", "positions"),
+    "decode_one": ("tokens", "positions"),
 }
 RESULT = "next_token"
 # What a vision-language plan's text phases are fed besides (see ``rules_vision``): the features
@@ -54,6 +69,8 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
     for px in ix.phases:
         phase = px.phase
         fed = RUNNER_INPUTS.get(phase.name) or OPTIONAL_INPUTS.get(phase.name)
+        if slotted(plan.bounds) and phase.name in BATCHED_INPUTS:
+            fed = BATCHED_INPUTS[phase.name]
         if fed is None:
             continue  # not executed by the runner (a vision phase: see rules_vision)
         if plan.vision is not None:
@@ -71,6 +88,9 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
             if name not in given:
                 yield f"{px.path}.inputs", f"no input binding named {name!r}"
         results = [b.name for b in phase.outputs if b.kind == "output"]
+        if phase.name in BLOCK_PHASES:
+            yield from _block_phase(px, plan)
+            continue
         if RESULT not in results:
             yield f"{px.path}.outputs", f"no output binding named {RESULT!r}"
         written = {b.name for b in phase.outputs if b.kind == "state"}
@@ -93,8 +113,56 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
                 f"{px.phase.tokens}, but the runner feeds prefill_chunk = "
                 f"{plan.bounds.prefill_chunk} tokens per prefill call",
             )
-        if px.phase.name in ("decode", "decode_start") and px.phase.tokens != 1:
+        if px.phase.name == "decode_one" and plan.bounds.batch == 1:
+            yield f"{px.path}.name", "decode_one is a batched plan's phase, but bounds.batch is 1"
+        if px.phase.name in ("decode", "decode_start", "decode_one") and px.phase.tokens != 1:
             yield f"{px.path}.tokens", f"{px.phase.tokens}, but decode processes one token per call"
+
+
+def _block_phase(px, plan) -> Iterator[Finding]:
+    """A prefix pool's copy: it returns state only, each a pool array (save_block) or a slot
+    array (load_block) it also reads, and exists only in a plan with a pool."""
+    phase = px.phase
+    if plan.bounds.prefix_blocks < 1:
+        yield f"{px.path}.name", f"{phase.name} copies prefix-pool blocks, but bounds.prefix_blocks is 0"
+    read = {b.name for b in phase.inputs if b.kind == "state"}
+    pool = phase.name == "save_block"
+    for k, b in enumerate(phase.outputs):
+        where = f"{px.path}.outputs[{k}]"
+        if b.kind != "state":
+            yield where, f"{phase.name} returns state only, not {b.kind} {b.name!r}"
+        elif b.name not in read:
+            yield f"{where}.name", f"state {b.name!r} is written but never read"
+        elif b.name.endswith(".pool") != pool:
+            what = "pool blocks" if pool else "slots"
+            yield f"{where}.name", f"{phase.name} writes {what}, not {b.name!r}"
+    if px.phase.tokens != plan.bounds.prefill_chunk:
+        yield f"{px.path}.tokens", (
+            f"{px.phase.tokens}, but a pool block is one prefill chunk "
+            f"({plan.bounds.prefill_chunk} positions)"
+        )
+
+
+def prefix_pool(ix: PlanIndex) -> Iterator[Finding]:
+    """A plan with ``bounds.prefix_blocks`` K has both block phases and pool arrays of K blocks of
+    one prefill chunk each (what ``runner.prefix_cache`` indexes), and a plan without has none."""
+    plan = ix.plan
+    k = plan.bounds.prefix_blocks
+    names = {p.name for p in plan.phases}
+    pools = [s for s in plan.state if s.name.endswith(".pool")]
+    if k > 0 and runnable(plan) and not set(BLOCK_PHASES) <= names:
+        yield "$.phases", f"bounds.prefix_blocks is {k}, but the plan lacks {' or '.join(BLOCK_PHASES)}"
+    if k > 0 and runnable(plan) and not pools:
+        yield "$.state", f"bounds.prefix_blocks is {k}, but no state is a pool"
+    if k == 0 and pools:
+        yield "$.state", f"state {pools[0].name!r} is a prefix pool, but bounds.prefix_blocks is 0"
+    for i, s in enumerate(plan.state):
+        if not s.name.endswith(".pool"):
+            continue
+        if len(s.shape) != 4 or s.shape[0] < k or s.shape[2] < plan.bounds.prefill_chunk:
+            yield f"$.state[{i}].shape", (
+                f"{list(s.shape)} does not hold {k} blocks of {plan.bounds.prefill_chunk} positions"
+            )
 
 
 def quantized_start(ix: PlanIndex) -> Iterator[Finding]:
@@ -149,6 +217,15 @@ def state_capacity(ix: PlanIndex) -> Iterator[Finding]:
     state = {s.name: s for s in plan.state}
     for px in ix.phases:
         writes, stray = state_writes(px.phase)
+        for w in writes:
+            if w.slot_axis is None:
+                continue
+            rows = state[w.state].shape[w.slot_axis] if w.state in state else 0
+            if rows < plan.bounds.batch:
+                yield px.op_path(w.op_position), (
+                    f"writes {w.state!r} at a slot along axis {w.slot_axis} of size {rows}, "
+                    f"fewer than bounds.batch {plan.bounds.batch} slots"
+                )
         for s in stray:
             yield (
                 px.op_path(s.op_position),

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 
-from dctms.schema.types import Tensor, WeightTensor
+from dctms.schema.targets import overhead, run_ahead_budget
+from dctms.schema.types import MemoryModel, Tensor, WeightTensor
 
 # MLX dtypes by name; bytes per element.
 ITEMSIZE: dict[str, int] = {
@@ -103,11 +104,17 @@ def lower_bound_bytes(tensors: Iterable[Tensor], num_slots: int, alignment: int)
     return max(arena_curve(tensors, num_slots, alignment), default=0)
 
 
-def slack_bytes(tensors: Iterable[Tensor], num_slots: int, allocator_slack: int) -> int:
-    """Max over slots of what cache reuse can add to the live tenants: sum of min(bytes, slack)."""
-    if allocator_slack <= 0:
+def slack_bytes(
+    tensors: Iterable[Tensor],
+    num_slots: int,
+    allocator_slack: int,
+    model: MemoryModel | None = None,
+) -> int:
+    """Max over slots of what the allocator can add to the live tenants: with a GPU target's
+    ``model`` (``schema.targets``) its rounding and cache reuse, else sum of min(bytes, slack)."""
+    if model is None and allocator_slack <= 0:
         return 0
-    spans = tenant_spans(tensors, lambda t: min(t.bytes, allocator_slack))
+    spans = tenant_spans(tensors, lambda t: overhead(model, t.bytes, allocator_slack))
     return max(live_bytes(spans, num_slots), default=0)
 
 
@@ -143,9 +150,12 @@ THROTTLED_RUN_AHEAD = 10
 RUN_AHEAD = {"free": FREE_RUN_AHEAD, "throttled": THROTTLED_RUN_AHEAD}
 
 
-def recorded_run_ahead(backend: str, mode: str) -> int:
+def recorded_run_ahead(backend: str, mode: str, model: MemoryModel | None = None) -> int:
     """``Target.run_ahead_dispatches`` of a plan compiled with run-ahead ``mode``: MLX's CPU
-    run-ahead; 0 elsewhere (not modelled)."""
+    run-ahead; a GPU target's command-buffer bound (``schema.targets``, in kernel ops); 0 for a GPU
+    plan traced natively (not modelled)."""
+    if model is not None:
+        return run_ahead_budget(model)
     return RUN_AHEAD[mode] if backend == "cpu" else 0
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Bound byte counts so absurd sizes (10^30) are rejected at decode time: 2^53 bytes = 8 PiB.
 MAX_BYTES = 2**53
@@ -28,7 +28,7 @@ Count = msgspec.Meta(ge=0, le=2**31)
 ByteCount = Annotated[int, Bytes]
 Int = Annotated[int, Count]  # counts, indices, shape dimensions, slots
 Positive = Annotated[int, msgspec.Meta(ge=1, le=2**31)]
-SignedBytes = Annotated[int, msgspec.Meta(ge=-MAX_BYTES, le=MAX_BYTES)]  # M_free may be negative
+SignedBytes = Annotated[int, msgspec.Meta(ge=-MAX_BYTES, le=MAX_BYTES)]  # envelope.free may be negative
 Name = Annotated[str, msgspec.Meta(min_length=1)]
 Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 Shape = list[Int]
@@ -76,6 +76,9 @@ class Bounds(_Base):
     dtype: Name  # activation / weight dtype of the model
     kv: KVStorage
     kv_capacity: Int  # positions allocated in the static cache (>= N + M)
+    # A prompt-prefix pool (toolkit.prefix_pool): blocks of prefill_chunk positions that keep the
+    # prefixes of earlier requests across calls; 0: none. A plan with a pool runs in slots.
+    prefix_blocks: Int = 0
 
 
 class Quantization(_Base):
@@ -149,8 +152,22 @@ class TargetProfile(_Base):
     bandwidth_source: Name
 
 
+class MemoryModel(_Base):
+    """The GPU allocator a plan is modelled for, written from MLX's source (``schema.targets``):
+    *modelled*, not measured. The verifier re-derives every field from ``name``, ``mlx`` and the
+    target profile."""
+
+    name: Literal["metal", "cuda"]
+    mlx: Name  # the MLX minor whose allocator source the model follows
+    page_bytes: Positive  # requests are rounded to pages (metal: above one page; cuda: from one)
+    small_bytes: Int  # metal: below it, the 1 MiB heap; cuda: at most it, the 8-byte pool
+    ops_per_buffer: Positive  # kernel ops per command buffer (metal) or CUDA graph, MLX's default
+    active_tasks: Positive  # committed buffers the host lets be outstanding (MAX_ACTIVE_TASKS)
+    not_modelled: list[Name] = []  # what the model leaves out, said in the plan itself
+
+
 class Target(_Base):
-    backend: Backend  # the MLX device the graph was traced for
+    backend: Backend  # the MLX device the plan runs on (a GPU target's graph is traced on the CPU)
     alignment: Positive
     profile: TargetProfile
     device_memory: ByteCount | None = None
@@ -160,6 +177,9 @@ class Target(_Base):
     # The allocator may hand a request of S bytes a cached buffer up to min(S, allocator_slack) bytes
     # larger and then counts its whole size (MLX's BufferCache: < min(2 S, S + 2 pages)).
     allocator_slack: Int = 0
+    # GPU targets (compile --target metal | cuda): the allocator model; None for the CPU's model
+    # (dctms.toolkit.memory_model) and for plans traced natively on a GPU (--backend gpu).
+    memory_model: MemoryModel | None = None
 
 
 class SlidingWindow(_Base):
@@ -297,7 +317,7 @@ class SyncPoint(_Base):
     evaluate: list[Name] = []
 
 
-LengthName = Literal["tokens", "window"]
+LengthName = Literal["tokens", "window", "rows"]  # rows: a batched decode's busy slots
 SignedInt = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31)]
 
 
@@ -436,6 +456,7 @@ class CompileRequest(_Base):
     dtype: Name | None = None
     device_memory: ByteCount | None = None
     backend: Name | None = None
+    target: Name | None = None  # compile --target as given (cpu, metal[-PROFILE], cuda)
     alignment: Positive = 64
     profile: Name | None = None
     sync_every: Int = 0
@@ -462,6 +483,8 @@ class CompileRequest(_Base):
     draft_config: dict[str, Any] | None = None  # the draft model's config.json (compile --draft)
     num_draft: Int = 0  # tokens the draft proposes per verify call (compile --num-draft)
     sampling: bool = False  # compile --sampling: mlx-lm's sampler and logits processors traced in
+    prefix_blocks: Int = 0  # compile --prefix-blocks K (or --prefix-cache SIZE, resolved to K)
+    prefix_cache: ByteCount | None = None  # compile --prefix-cache SIZE as given
     # The Hugging Face id the model was named by (`dctms compile ORG/NAME`); None: a folder or a
     # config.json (absent from the file, so those plans are as before).
     hub: HubSource | None = None

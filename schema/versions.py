@@ -22,6 +22,15 @@ also counts every elementwise output as a buffer of its own where MLX donates it
 now plans donation), so it is refused with the line that says to recompile. Also within 5:
 ``CompileRequest.hub`` (the Hugging Face id and snapshot commit a plan was compiled from), absent
 from plans compiled from a folder or a config, which are byte-identical to before.
+6, batched plans (``bounds.batch`` B > 1) are B slots with ragged positions (``toolkit.slots``): the
+prefill phase takes a ``slot`` input, the decode phase a ``positions`` vector and the length
+``rows`` (``Lengths.names``); in version 5 a batch meant B sequences of one shared length. Also
+new since 5: ``CompileRequest.hub`` and ``CompileRequest.sampling``, which were added within 5
+without a step. Also new in 6: ``Bounds.prefix_blocks`` and the ``save_block`` / ``load_block``
+phases (a prompt-prefix pool, ``toolkit.prefix_pool``), ``CompileRequest.prefix_blocks`` /
+``prefix_cache``, ``Target.memory_model`` (a GPU target's memory model from MLX's source,
+``schema.targets``) and ``CompileRequest.target``; each absent from plans that do not use it.
+A version 5 plan is refused with the line that says to recompile.
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """
@@ -31,7 +40,7 @@ from __future__ import annotations
 from dctms.schema.errors import Problem
 from dctms.schema.types import SCHEMA_VERSION
 
-OLDEST_SUPPORTED = 5  # the reader understands exactly this range
+OLDEST_SUPPORTED = 6  # the reader understands exactly this range
 SCHEMA_ID = f"https://dctms.dev/schema/plan-v{SCHEMA_VERSION}.json"
 
 

@@ -278,14 +278,15 @@ def rule_description(rule: object, name: str) -> str:
 
 
 def verifier_rules_page() -> str:
-    from dctms.schema.verify import RULES
+    from dctms.schema.verify import RULES, RUN_ONLY
 
     cases = breaking_cases()
     lines = [
         HEADER.format(source="dctms.schema.verify.RULES and tests/test_verifier_rules.py"),
         "# Verifier rules\n\n",
         "`dctms validate` (and every command that reads a plan: `show`, `run`, `serve`, the "
-        "inspector) checks a plan in two steps: the [plan file format](plan-format.md)'s JSON "
+        "inspector; those that never run it skip the rules marked *run-only*) checks a plan in "
+        "two steps: the [plan file format](plan-format.md)'s JSON "
         "Schema, then these rules of the semantic verifier, `dctms.schema.verify`. The verifier is "
         "a pure function of the plan and does not import the compiler, so a compiler bug cannot "
         "hide behind the compiler's own assumptions. A speculative plan's draft is checked by "
@@ -298,7 +299,13 @@ def verifier_rules_page() -> str:
         source = f"{rule.__module__.replace('dctms.', '').replace('.', '/')}.py"
         lines.append(f"## `{name}`\n\n{prose(rule_description(rule, name))}\n\n")
         broken = "; ".join(cases.get(name, [])) or "none"
-        lines.append(f"*Source:* `{source}`. *Broken by:* {cell(broken)}.\n\n")
+        run_only = (
+            " *Run-only:* `dctms validate` and the runner apply it (`read_plan(path, "
+            "for_run=True)`); `show`, `diff`, `pool`, `explain` and the inspector do not."
+            if name in RUN_ONLY
+            else ""
+        )
+        lines.append(f"*Source:* `{source}`. *Broken by:* {cell(broken)}.{run_only}\n\n")
     return "".join(lines).rstrip("\n") + "\n"
 
 

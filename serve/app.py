@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import resource
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -74,6 +76,7 @@ class ServerState:
         peak = w.observed_peak()
         provable = self.pool["provable"]
         rss = self._proc.memory_info().rss
+        rss_peak = max(rss, _peak_rss())
         return {
             "models": sorted(w.models),
             "envelope": self.pool,
@@ -83,6 +86,7 @@ class ServerState:
             "within_envelope": peak <= provable,
             "active_bytes": w.active_memory(),
             "rss_bytes": rss,
+            "rss_peak_bytes": rss_peak,
             "rss_within_envelope_total": rss <= self.pool["total"],
             "queue_waiting": w.waiting,
             "queue_running": w.running,
@@ -91,7 +95,15 @@ class ServerState:
             "requests_refused": self.refused,
             "clients_disconnected": self.disconnected,
             "uptime_s": round(time.time() - self.started, 3),
+            "per_model": w.model_load(),  # slots, slots busy, queue, tok/s, peak vs envelope
         }
+
+
+def _peak_rss() -> int:
+    """The process's largest resident set since it started: the kernel's high-water mark
+    (``ru_maxrss``, KiB on Linux, bytes on macOS), which no sampling between requests can miss."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def build_app(worker: Worker, pool: dict, hosts: frozenset[str], api_key: str | None,
@@ -324,7 +336,7 @@ class _Call:
         if err is not None:
             return _error(_as_api_error(err))
         text = self.text.text
-        use = usage(len(self.prompt), len(gen.tokens))
+        use = usage(len(self.prompt), len(gen.tokens), gen.cached_tokens)
         ids = gen.tokens if self.req.return_token_ids else None
         make = chat_body if self.chat else completion_body
         body = make(self.rid, self.created, self.req.model, text, self._finish_reason(gen), use, ids)
@@ -356,7 +368,7 @@ class _Call:
                 else:
                     yield _data(completion_chunk(rid, created, model, "", finish))
                 if self.req.include_usage:
-                    use = usage(len(self.prompt), len(gen.tokens))
+                    use = usage(len(self.prompt), len(gen.tokens), gen.cached_tokens)
                     yield _data(usage_chunk(rid, created, model, self.chat, use))
                 break
             yield "data: [DONE]\n\n"
@@ -397,7 +409,9 @@ def prometheus(status: dict) -> str:
         ("dctms_observed_mlx_peak_bytes", "MLX peak memory since the server started",
          status["observed_mlx_peak_bytes"]),
         ("dctms_active_bytes", "MLX active memory now", status["active_bytes"]),
-        ("dctms_rss_bytes", "server process resident set size", status["rss_bytes"]),
+        ("dctms_rss_bytes", "server process resident set size now", status["rss_bytes"]),
+        ("dctms_rss_peak_bytes", "server process resident set size, its peak since it started",
+         status["rss_peak_bytes"]),
         ("dctms_queue_waiting", "requests waiting for the worker", status["queue_waiting"]),
         ("dctms_queue_running", "requests the worker is running", status["queue_running"]),
         ("dctms_requests_finished_total", "requests the worker finished",
@@ -409,4 +423,32 @@ def prometheus(status: dict) -> str:
     for name, help_text, value in gauges:
         kind = "counter" if name.endswith("_total") else "gauge"
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    lines += model_gauges(status.get("per_model", {}))
     return "\n".join(lines) + "\n"
+
+
+MODEL_GAUGES = [  # (metric, the per_model field, help)
+    ("dctms_model_slots", "slots", "slots the model's plan holds (its batch B; 1: one at a time)"),
+    ("dctms_model_slots_busy", "slots_busy", "slots holding a running request"),
+    ("dctms_model_queue_waiting", "queue_waiting", "the model's requests waiting for a slot"),
+    ("dctms_model_tokens_generated_total", "tokens_generated", "tokens the model generated"),
+    ("dctms_model_tokens_per_s", "tokens_per_s", "aggregate tokens/s while the model was busy"),
+    ("dctms_model_observed_mlx_peak_bytes", "observed_mlx_peak_bytes",
+     "a batched model's largest MLX peak in a step, above what the other models hold"),
+    ("dctms_model_envelope_provable_bytes", "envelope_provable_bytes",
+     "the model's plan's provable peak (its observed peak stays within it)"),
+    ("dctms_model_m_max_bytes", "m_max_bytes", "the model's plan's M_max"),
+]
+
+
+def model_gauges(per_model: dict[str, dict]) -> list[str]:
+    """One labelled series per served model (``model="NAME"``) for each of ``MODEL_GAUGES``."""
+    lines = []
+    for name, field, help_text in MODEL_GAUGES:
+        kind = "counter" if name.endswith("_total") else "gauge"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        for model, figures in sorted(per_model.items()):
+            if figures.get(field) is not None:
+                label = model.replace("\\", "\\\\").replace('"', '\\"')
+                lines.append(f'{name}{{model="{label}"}} {figures[field]}')
+    return lines

@@ -225,12 +225,17 @@ def refusal(model: str, err: RequestRefused, prompt_param: str = "prompt") -> Ap
     return ApiError(400, str(err), prompt_param)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage object; a plan with a prefix pool also says how many prompt tokens came
+    from it (``prompt_tokens_details.cached_tokens``, as OpenAI reports its prompt cache)."""
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def completion_body(rid: str, created: int, model: str, text: str, finish: str, use: dict,

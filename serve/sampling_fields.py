@@ -15,6 +15,7 @@ from typing import Any
 from dctms.runner.sampling import SamplingParams, check_params
 from dctms.schema.errors import DctmsError
 from dctms.schema.sampling import RECOMPILE, samples
+from dctms.schema.slotted import slotted
 from dctms.schema.types import Plan
 from dctms.serve.protocol import ApiError
 
@@ -104,6 +105,16 @@ def sampling_params(fields: dict[str, Any], plan: Plan, chat: bool) -> SamplingP
     )
     if not samples(plan) and params.asks_for_plan():
         asked = [k for k in FIELDS if k in fields and k not in ("top_p", "top_k", "min_p", "seed")]
+        if slotted(plan.bounds):  # --sampling does not combine with slots (yet)
+            raise ApiError(
+                400,
+                f"{', '.join(repr(k) for k in asked)} need(s) a batch-1 plan compiled with "
+                f"`dctms compile ... {RECOMPILE}`: this model's plan "
+                + (f"is batched ({plan.bounds.batch} slots)" if plan.bounds.batch > 1
+                   else "runs in a slot (its prompt-prefix pool)")
+                + " and decodes greedily only",
+                asked[0] if asked else None,
+            )
         raise ApiError(
             400,
             f"{', '.join(repr(k) for k in asked)} need(s) a plan compiled with `dctms compile "

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dctms.schema.fingerprint import layout_sha256
@@ -184,6 +185,15 @@ def make_tiny_plan() -> Plan:
             names=["(step)", "model", "embed_tokens", "layers", "0", "self_attn"],
         ),
     )
+
+
+def make_broken_tiny_plan() -> Plan:
+    """The tiny plan with tensor t2 moved onto t0's bytes while both are live (the verifier's
+    ``arena_overlap`` rule refuses it; written by ``write_plan``, its digest matches)."""
+    plan = make_tiny_plan()
+    phase = plan.phases[0]
+    tensors = [msgspec.structs.replace(t, offset=0) if t.id == "t2" else t for t in phase.tensors]
+    return msgspec.structs.replace(plan, phases=[msgspec.structs.replace(phase, tensors=tensors)])
 
 
 @pytest.fixture

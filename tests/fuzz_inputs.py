@@ -81,7 +81,7 @@ def base_gguf(folder: Path) -> gb.Gguf:
     import mlx.core as mx
     import numpy as np
 
-    from dctms.toolkit.gguf_check import GLOBAL_TENSORS, LAYER_TENSORS
+    from dctms.convert.gguf_check import GLOBAL_TENSORS, LAYER_TENSORS
     from dctms.toolkit.tiny_model import _bytes_to_unicode
 
     names = {v: k for k, v in GLOBAL_TENSORS.items()}
@@ -520,8 +520,8 @@ def complete(path: Path) -> str | None:
     if path.suffix == ".csv":
         import numpy as np
 
-        from dctms.toolkit.pack_csv import parse_csv
-        from dctms.toolkit.pack_problem import is_valid
+        from dctms.toolkit.pack.csv_io import parse_csv
+        from dctms.toolkit.pack.problem import is_valid
 
         ids, problem = parse_csv((path.parent / "p.csv").read_bytes().decode("utf-8-sig"), "p")
         lines = path.read_text().splitlines()

@@ -43,7 +43,7 @@ def test_bench_runs_both_servers_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "serve_vs_mlx_lm.py"), "--model", str(beta.folder),
-         "-N", "256", "-M", "8", "--levels", "1,2", "--requests", "4",
+         "-N", "256", "-M", "8", "--batch", "2", "--levels", "1,2", "--requests", "4",
          "--max-tokens", "4", "--under-limit", "--json", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -57,6 +57,9 @@ def test_bench_runs_both_servers_end_to_end(tmp_path: Path) -> None:
     for lv in data["runs"]["dctms"]["levels"]:
         assert lv["polls"] > 0 and lv["polls_over_provable"] == 0
         assert lv["observed_peak"] <= lv["m_max_provable"]
+        assert 0 < lv["model_observed_peak"] <= lv["m_max_provable"]
+        # (a tiny request may start and end between two polls: no lower bound on the busy slots)
+        assert lv["slots"] == 2 and lv["max_slots_busy"] <= 2 and lv["plan_m_max"] > 0
     assert "| 2 |" in proc.stdout  # the table's row for 2 clients
     limited = data["under_limit"]["dctms"]
     if "skipped" not in limited:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from tiny_configs import BASE, QWEN2_F32
 
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import open_model
@@ -25,20 +26,8 @@ from dctms.toolkit.compiler import CompileOptions, compile_plan
 N, M, CHUNK = 64, 32, 16
 K = 24  # generated tokens per run
 
-BASE = {
-    "hidden_size": 128,
-    "num_hidden_layers": 2,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 257,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 512,
-    "eos_token_id": 256,
-}
 MODELS = {
-    "qwen2-f32": {"model_type": "qwen2", "torch_dtype": "float32", "tie_word_embeddings": True},
+    "qwen2-f32": QWEN2_F32,
     "llama-bf16": {
         "model_type": "llama",
         "torch_dtype": "bfloat16",

@@ -54,7 +54,7 @@ def test_every_compile_option_is_recorded() -> None:
     # A new CompileOptions field that the plan does not record would make `check` inexact.
     options = {f.name for f in fields(CompileOptions)}
     assert options <= set(CompileRequest.__struct_fields__)
-    # Beside the options: the config, the plan kind (toolkit/plan_kinds.kind_of reads it back), and
+    # Beside the options: the config, the plan kind (toolkit/kinds/dispatch.kind_of reads it back), and
     # the Hugging Face id the model was named by (provenance, not compiled: cli/hf_cache.py).
     kind = {"vision", "draft_config", "num_draft"}
     assert set(CompileRequest.__struct_fields__) - options == {"config", "hub", *kind}

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from dctms.cli import main as cli
-from dctms.toolkit.pack_instances import tiles
-from dctms.toolkit.pack_problem import is_valid, make_problem
+from dctms.toolkit.pack.instances import tiles
+from dctms.toolkit.pack.problem import is_valid, make_problem
 
 
 def _write_tiles(path: Path, n: int, seed: int = 2) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
+from dctms.convert.gguf import convert_gguf
 from dctms.schema.errors import DctmsError
-from dctms.toolkit.gguf import convert_gguf
 from dctms.toolkit.tiny_model import _bytes_to_unicode, write_tiny_model
 
 CONFIG = {
@@ -348,7 +348,7 @@ def test_alignment_zero_is_refused_without_a_signal(tied, tmp_path) -> None:
 def test_truncated_and_lying_files_are_refused_before_mlx_reads_them(original, tmp_path) -> None:
     """MLX's reader trusts every length and offset: a cut file, a string or tensor count that
     runs past the end, or a tensor offset off the alignment would be read out of bounds."""
-    from dctms.toolkit.gguf_header import read_header
+    from dctms.convert.gguf_header import read_header
 
     data = original[1].read_bytes()
     head = read_header(original[1])

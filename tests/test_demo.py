@@ -52,7 +52,7 @@ def test_without_registry_or_cache_the_demo_falls_back_and_says_why(tmp_path: Pa
 
 @pytest.mark.slow
 def test_demo_answers_with_the_real_model_from_the_cache() -> None:
-    from dctms.toolkit.real_model import real_model
+    from dctms.convert.real_model import real_model
 
     model = real_model()
     if not (model.folder() / "model.safetensors").is_file():

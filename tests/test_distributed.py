@@ -20,14 +20,8 @@ from dctms.schema.errors import DctmsError, InternalError
 from dctms.schema.io import read_plan
 from dctms.schema.model_folder import open_model_folder
 from dctms.toolkit.compiler import CompileOptions, compile_plan
-from dctms.toolkit.distributed import (
-    Call,
-    balanced_split,
-    compile_ranks,
-    layer_costs,
-    predict,
-    rewrite_collectives,
-)
+from dctms.toolkit.kinds.distributed import balanced_split, compile_ranks, layer_costs, predict
+from dctms.toolkit.kinds.rank import Call, rewrite_collectives
 from dctms.toolkit.tiny_model import write_tiny_model
 from dctms.toolkit.trace import TracedBinding, TracedOp, TracedPhase, TracedTensor
 

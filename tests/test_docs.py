@@ -65,7 +65,9 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     api = (tmp_path / "site" / "reference" / "python-api" / "index.html").read_text()
-    for name in ("read_plan", "write_plan", "compile_plan", "fit", "check_plan", "FitResult"):
+    names = ("read_plan", "write_plan", "compile_plan", "fit", "check_plan", "FitResult",
+             "CheckResult", "DctmsError", "PlanError", "OverBudgetError")  # fmt: skip
+    for name in names:
         assert f'id="dctms.{name}"' in api, f"the Python API page lost {name}'s docstring"
 
 

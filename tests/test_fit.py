@@ -176,7 +176,7 @@ def test_fit_m_text_and_max_position_cap(tmp_path, capsys):
     assert (
         lines[1] == "  stopped at max_position_embeddings 64 (N + M); the budget would allow more"
     )
-    assert "total = M_max" in captured.out and "free = M_free" in captured.out
+    assert "total = M_max" in captured.out and "\n  free " in captured.out
     assert "3 compiles" in captured.out  # 1, 2, then the line through them passes the cap: 48
 
 

@@ -36,8 +36,8 @@ def fixtures(tmp_path_factory) -> Path:
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions
     from dctms.toolkit.tiny_model import write_tiny_model
-    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
-    from dctms.toolkit.vision_tiny import write_tiny_vlm
+    from dctms.toolkit.vision.compiler import VisionOptions, compile_vlm_plan
+    from dctms.toolkit.vision.tiny import write_tiny_vlm
 
     root = tmp_path_factory.mktemp("fuzz-inputs")
     write_tiny_model(root / "llama", LLAMA, tokenizer=False)

@@ -6,8 +6,10 @@ none of the third-party packages its row of ``FORBIDDEN_EXTERNAL`` names. Two ch
 over every import statement of every module (``ast``: imports inside functions, relative imports and
 ``importlib.import_module("...")`` with a literal name included), and a dynamic one (a fresh
 interpreter imports every module of a room and must not have loaded a forbidden module, which also
-catches an arrow taken through a third room). The runner's own, stricter check, with a whole
-generation run, is ``test_runner_isolation.py``.
+catches an arrow taken through a third room). Inside the compiler (``toolkit``) its sub-packages
+have arrows of their own (``TOOLKIT_ALLOWED``): the packer imports none of the passes, the passes
+import no vision module and a plan kind only by the arrows ``TOOLKIT_EXCEPTIONS`` names. The
+runner's own, stricter check, with a whole generation run, is ``test_runner_isolation.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "tui": {"schema", "figures"},  # the inspector: no compiler module
     "benchmark": {"schema", "figures", "toolkit", "runner"},  # compiles and runs for A/B runs
     "serve": {"schema", "figures", "runner"},  # HTTP around the runner: no compiler
+    "convert": {"schema"},  # imports other formats' models (GGUF): an import tool, no compiler
 }
 ANYTHING = ("cli",)  # the command line is the one room above all others
 ROOMS = sorted([*ALLOWED, *ANYTHING])
@@ -138,6 +141,8 @@ def test_every_room_is_listed() -> None:
         ("tui", "import importlib\nimportlib.import_module('dctms.toolkit.trace')", "dctms.tui"),
         ("runner", "import mlx_lm.models.qwen2", "dctms.runner"),
         ("figures", "from textual.widget import Widget", "dctms.figures"),
+        ("convert", "from dctms.toolkit.compiler import compile_plan", "dctms.convert"),
+        ("runner", "from dctms.convert.gguf import convert_gguf", "dctms.runner"),
     ],
 )
 def test_a_forbidden_import_is_caught(room: str, source: str, package: str) -> None:
@@ -168,7 +173,7 @@ _PROBE = textwrap.dedent(
 
 
 # Cheap rooms only: toolkit needs mlx and mlx-lm (seconds); the runner has its own dynamic test.
-@pytest.mark.parametrize("room", ["schema", "figures", "views", "tui"])
+@pytest.mark.parametrize("room", ["schema", "figures", "views", "tui", "convert"])
 def test_a_fresh_interpreter_loads_nothing_forbidden(room: str) -> None:
     modules = [m for m, path in room_modules(room) if path.name != "__main__.py"]
     proc = subprocess.run(
@@ -189,3 +194,81 @@ def test_the_probe_sees_an_arrow_taken_through_a_third_room() -> None:
         "sys.modules:0: views imports dctms.toolkit.trace",
         "sys.modules:0: views imports mlx.core",
     ]
+
+
+# Inside the compiler: its sub-packages and the arrows between them. "passes" are the modules
+# directly under toolkit/ (trace, lengths, lifetimes, schedule, assign, envelope, compiler, ...).
+TOOLKIT_ALLOWED: dict[str, set[str]] = {
+    "pack": set(),  # the packer: buffers and time ranges in, offsets out; knows no model or trace
+    "passes": {"pack"},  # the text compiler's passes
+    "vision": {"passes"},  # the vision-language compiler: the passes over three traced phases
+    "kinds": {"passes", "vision"},  # plan kinds built on the compilers: ranks, speculative, dispatch
+}
+# The only arrows from the passes up into a plan kind, each a single module the pass needs.
+TOOLKIT_EXCEPTIONS: set[tuple[str, str]] = {
+    # a compile with --ranks traces one rank's model (the whole distributed plan is kinds.distributed)
+    ("dctms.toolkit.compiler", "dctms.toolkit.kinds.rank"),
+    # `dctms check` and `dctms explain` re-compile a recorded request of whichever kind it was
+    ("dctms.toolkit.check", "dctms.toolkit.kinds.dispatch"),
+    ("dctms.toolkit.knobs", "dctms.toolkit.kinds.dispatch"),
+}
+
+
+def toolkit_part(module: str) -> str | None:
+    """``dctms.toolkit.pack.solve`` -> ``pack``; ``dctms.toolkit.trace`` -> ``passes``."""
+    parts = module.split(".")
+    if parts[:2] != ["dctms", "toolkit"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in TOOLKIT_ALLOWED else "passes"
+
+
+def toolkit_violations(importer: str, module: str, line: int, where: str) -> list[str]:
+    """The arrows between the compiler's sub-packages that ``importer`` may not take."""
+    source, target = toolkit_part(importer), toolkit_part(module)
+    if source is None or target is None or source == target:
+        return []
+    if target in TOOLKIT_ALLOWED[source]:
+        return []
+    named = (module == b or module.startswith(b + ".") for a, b in TOOLKIT_EXCEPTIONS if a == importer)
+    if any(named):
+        return []
+    return [f"{where}:{line}: toolkit {source} ({importer}) imports {module}"]
+
+
+def test_the_compilers_sub_packages_follow_their_arrows() -> None:
+    found = []
+    for module, path in room_modules("toolkit"):
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for line, name in imported_modules(path.read_text(encoding="utf-8"), package):
+            found += toolkit_violations(module, name, line, str(path.relative_to(ROOT)))
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("importer", "source"),
+    [
+        ("dctms.toolkit.pack.solve", "from dctms.toolkit.trace import TracedPhase"),
+        ("dctms.toolkit.trace", "from dctms.toolkit.vision.trace import VisionTracer"),
+        ("dctms.toolkit.lengths", "from dctms.toolkit.kinds.rank import split_model"),
+        ("dctms.toolkit.compiler", "from dctms.toolkit.kinds.distributed import compile_ranks"),
+        ("dctms.toolkit.vision.compiler", "from dctms.toolkit.kinds import dispatch"),
+    ],
+)
+def test_an_arrow_up_the_compiler_is_caught(importer: str, source: str) -> None:
+    package = importer.rpartition(".")[0]
+    found = [
+        v
+        for line, m in imported_modules(source, package)
+        for v in toolkit_violations(importer, m, line, "x")
+    ]
+    assert found, source
+
+
+def test_the_named_arrows_into_a_plan_kind_pass() -> None:
+    source = "from dctms.toolkit.kinds.rank import rank_spec\nfrom dctms.toolkit.pack import solve\n"
+    found = [
+        v
+        for line, m in imported_modules(source, "dctms.toolkit")
+        for v in toolkit_violations("dctms.toolkit.compiler", m, line, "x")
+    ]
+    assert found == []

@@ -168,3 +168,22 @@ def test_value_ranges_of_sorts_counts_and_clamps() -> None:
     assert _value_range("Minimum", [], [None, (256, 256)], "uint32") == (0, 256)
     assert _value_range("Minimum", [], [None, (256, 256)], "int32") == (-(2**31), 256)
     assert _value_range("Minimum", [], [None, (256, 256)], "float32") is None
+
+
+def test_reading_a_plan_for_its_figures_leaves_index_safety_to_validate_and_run(plans, tmp_path):
+    """``read_plan`` (show, diff, pool, the TUI) skips the run-only rules, seconds on a 7B plan;
+    ``read_plan(for_run=True)``, which ``dctms validate`` and the runner's ``load_checked_plan``
+    use, refuses the edit (so a plan that passes validate was proven, and one that runs was)."""
+    from dctms.runner.load import load_checked_plan
+    from dctms.schema.errors import PlanError
+    from dctms.schema.io import read_plan
+    from dctms.schema.verify import RULES, RUN_ONLY
+
+    assert RUN_ONLY == {"index_safety"} and RUN_ONLY <= set(RULES)
+    edit = CASES["decode KV Slice stop, slope -1"][1]
+    edited = edit_plan(plans["text"], tmp_path / "edited.plan", edit)
+    assert read_plan(edited).envelope.total > 0
+    for read in (lambda p: read_plan(p, for_run=True), load_checked_plan):
+        with pytest.raises(PlanError) as err:
+            read(edited)
+        assert {p.rule for p in err.value.problems} == {"index_safety"}

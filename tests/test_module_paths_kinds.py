@@ -37,7 +37,7 @@ def _ops_under(plan, phase, prefix: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def spec_plan():
-    from dctms.toolkit.speculative import compile_speculative
+    from dctms.toolkit.kinds.speculative import compile_speculative
 
     target = _folder({**TINY_QWEN2, "num_hidden_layers": 3})
     draft = _folder({**TINY_QWEN2, "num_hidden_layers": 1})
@@ -152,8 +152,8 @@ VLM_BOUNDS = {"gemma3": (40, (32, 32)), "qwen2_vl": (64, (56, 84))}  # as tests/
 def vlm_plan(request, tmp_path_factory):
     pytest.importorskip("mlx_vlm")
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
-    from dctms.toolkit.vision_tiny import write_tiny_vlm
+    from dctms.toolkit.vision.compiler import VisionOptions, compile_vlm_plan
+    from dctms.toolkit.vision.tiny import write_tiny_vlm
 
     n, (h, w) = VLM_BOUNDS[request.param]
     folder = write_tiny_vlm(tmp_path_factory.mktemp(request.param) / "model", request.param)

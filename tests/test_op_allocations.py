@@ -157,8 +157,8 @@ def test_the_audit_sees_an_under_counted_op(tmp_path) -> None:
 @pytest.mark.parametrize("family", ["gemma3", "qwen2_vl"])
 def test_no_vision_op_allocates_more_than_its_plan_says(family, tmp_path) -> None:
     """The vision phases too (a SigLIP tower; qwen2_vl's tower at each image size)."""
-    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
-    from dctms.toolkit.vision_tiny import write_tiny_vlm
+    from dctms.toolkit.vision.compiler import VisionOptions, compile_vlm_plan
+    from dctms.toolkit.vision.tiny import write_tiny_vlm
 
     folder = write_tiny_vlm(tmp_path / "model", family)
     h, w = (32, 32) if family == "gemma3" else (56, 84)

@@ -1,4 +1,4 @@
-"""Coarsening (toolkit/pack_coarsen.py): which buffers it glues, and that a packing of the blocks
+"""Coarsening (toolkit/pack/coarsen.py): which buffers it glues, and that a packing of the blocks
 is a packing of the buffers with the same arena."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dctms.toolkit.pack_coarsen import coarsen
-from dctms.toolkit.pack_greedy import best_fit, greedy_orders
-from dctms.toolkit.pack_instances import tiles
-from dctms.toolkit.pack_problem import is_valid, make_problem, sweep
-from dctms.toolkit.pack_solve import solve
+from dctms.toolkit.pack.coarsen import coarsen
+from dctms.toolkit.pack.greedy import best_fit, greedy_orders
+from dctms.toolkit.pack.instances import tiles
+from dctms.toolkit.pack.problem import is_valid, make_problem, sweep
+from dctms.toolkit.pack.solve import solve
 
 
 def _coarsen(lo, hi, size, capacity, align=1, pair=True):

@@ -8,11 +8,11 @@ import random
 import numpy as np
 import pytest
 
-from dctms.toolkit.pack_instances import tiles
-from dctms.toolkit.pack_problem import Problem, live_max, make_problem, sweep
-from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE
-from dctms.toolkit.pack_skyline import EXHAUSTED, ORDERS, fill
-from dctms.toolkit.pack_solve import solve
+from dctms.toolkit.pack.instances import tiles
+from dctms.toolkit.pack.problem import Problem, live_max, make_problem, sweep
+from dctms.toolkit.pack.search import BUDGET, FOUND, INFEASIBLE
+from dctms.toolkit.pack.skyline import EXHAUSTED, ORDERS, fill
+from dctms.toolkit.pack.solve import solve
 
 
 def _fill(p: Problem, capacity: int, budget: int = 10**9, order: str = "largest"):

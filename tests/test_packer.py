@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from dctms.toolkit.pack_instances import tiles
-from dctms.toolkit.pack_problem import Problem, live_max, make_problem
-from dctms.toolkit.pack_solve import solve
+from dctms.toolkit.pack.instances import tiles
+from dctms.toolkit.pack.problem import Problem, live_max, make_problem
+from dctms.toolkit.pack.solve import solve
 
 
 def _overlap_free(p: Problem, offsets: list[int]) -> bool:
@@ -160,7 +160,7 @@ def test_offsets_are_aligned_per_buffer() -> None:
 def test_online_best_fit_packs_validly() -> None:
     """The fallback allocator against the pairwise check: ties in time, zero sizes, alignments
     that make a large enough hole useless, holes that merge and a top that sinks."""
-    from dctms.toolkit.pack_online import online_best_fit
+    from dctms.toolkit.pack.online import online_best_fit
 
     rng = random.Random(23)
     for _ in range(60):
@@ -184,7 +184,7 @@ def test_online_best_fit_reuses_freed_bytes() -> None:
 
 
 def online_best_fit_of(p: Problem):
-    from dctms.toolkit.pack_online import online_best_fit
+    from dctms.toolkit.pack.online import online_best_fit
 
     return online_best_fit(p)
 
@@ -193,7 +193,7 @@ def test_greedy_past_its_work_limit_falls_back_to_the_online_allocator(monkeypat
     """The greedy pass examines every placed buffer a placement may overlap: with thousands live
     at once it is quadratic, so past its share of the budget the online allocator packs instead
     (40,000 identical buffers took over 20 s before, whatever --seconds said)."""
-    from dctms.toolkit import pack_solve
+    from dctms.toolkit.pack import solve as pack_solve
 
     rng = random.Random(3)
     n = 600

@@ -1,4 +1,4 @@
-"""compile, fit and check share one plan-kind path (toolkit/plan_kinds.py): a speculative plan is
+"""compile, fit and check share one plan-kind path (toolkit/kinds/dispatch.py): a speculative plan is
 re-compiled by `dctms check` with its draft, and `dctms fit --draft` plans both models."""
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def kinds(tmp_path_factory) -> dict[str, tuple[list[Path], list[str]]]:
     from PIL import Image
 
     from dctms.toolkit.tiny_model import write_tiny_model
-    from dctms.toolkit.vision_tiny import write_tiny_vlm
+    from dctms.toolkit.vision.tiny import write_tiny_vlm
 
     root = tmp_path_factory.mktemp("mutations")
     one, wide, two, ring = root / "one", root / "wide", root / "two", root / "ring"

@@ -33,8 +33,8 @@ GOAL = 1.05
 
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
+    from dctms.convert.real_model import FetchError, prepare, real_model
     from dctms.schema.errors import DctmsError
-    from dctms.toolkit.real_model import FetchError, prepare, real_model
 
     try:
         return prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
@@ -117,10 +117,10 @@ def test_several_prefill_chunks_ids_equal_mlx_lm(
 
 
 def test_four_bit_copy_compiles_with_exact_weight_bytes(smollm2: Path, tmp_path: Path) -> None:
+    from dctms.convert.gguf import convert_gguf
+    from dctms.convert.real_model import real_model
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.gguf import convert_gguf
-    from dctms.toolkit.real_model import real_model
 
     folder = convert_gguf(real_model().gguf, tmp_path / "q4", "keep")
     config = json.loads((folder / "config.json").read_text())

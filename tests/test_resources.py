@@ -39,11 +39,13 @@ def test_terms_add_up_to_the_pools_m_max_and_round_up_to_whole_mib() -> None:
     for serving in (True, False):
         pool = pool_of(plans, extras=serving_extras() if serving else ())
         res = resources_of(pool, serving)
-        assert res.total == pool.total
+        # the pool's M_max, and the graphs the runner records at every verified point
+        recorded = sum(m.recorded for m in pool.members)
+        assert recorded > 0 and res.total == pool.total + recorded
         assert res.limit % MIB == 0 and 0 <= res.limit - res.total < MIB
         names = [t.name for t in res.terms]
         assert ("server_stack" in names) == serving
-        assert {"weights", "kv", "intermediate", "process_baseline"} <= set(names)
+        assert {"weights", "kv", "intermediate", "process_baseline", "recorded_graphs"} <= set(names)
     serve = resources_of(pool_of(plans, extras=serving_extras()), True)
     run = resources_of(pool_of(plans), False)
     assert serve.total - run.total == sum(b for _, b in serving_extras())
@@ -53,7 +55,7 @@ def test_every_format_carries_the_same_limit() -> None:
     plan = str(PLANS / "qwen7b.plan")
     data = json.loads(resources_cli(plan, "--format", "json").stdout)
     assert data["limit_bytes"] == data["request_bytes"] == data["limit_mib"] * MIB
-    assert data["m_max_bytes"] == sum(t["bytes"] for t in data["terms"])
+    assert data["total_bytes"] == sum(t["bytes"] for t in data["terms"])
     mi = data["limit_mib"]
     k8s = resources_cli(plan, "--format", "k8s").stdout
     assert k8s.count(f'memory: "{mi}Mi"') == 2  # request and limit
@@ -139,8 +141,8 @@ def test_serve_holds_within_its_resources_limit_as_a_cgroup(tiny) -> None:
 def test_real_model_serve_holds_within_its_resources_limit(tmp_path: Path) -> None:
     """The tight case: SmolLM2-135M-Instruct (fp32, 538 MB of weights), whose RSS comes within a
     few MiB of its M_max, served under a hard limit of exactly `dctms resources`' figure."""
+    from dctms.convert.real_model import FetchError, prepare, real_model
     from dctms.schema.errors import DctmsError
-    from dctms.toolkit.real_model import FetchError, prepare, real_model
 
     try:
         folder = prepare(real_model(), lambda msg: None)

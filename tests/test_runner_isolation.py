@@ -1,4 +1,5 @@
-"""The runner never imports the compiler, the TUI or mlx-lm model code (README, Architecture).
+"""The runner never imports the compiler, the converter, the TUI or mlx-lm model code (README,
+Architecture).
 
 Two checks: a static one (every import statement in ``runner/*.py``, parsed with ``ast``, including
 imports inside functions, relative imports and ``importlib.import_module("...")`` with a literal
@@ -23,7 +24,7 @@ import dctms.runner
 RUNNER_DIR = Path(dctms.runner.__file__).parent
 PACKAGE = "dctms.runner"
 # Forbidden import names, matched as the name itself or a dotted prefix of it.
-FORBIDDEN = ("dctms.toolkit", "dctms.tui", "toolkit", "tui", "mlx_lm")
+FORBIDDEN = ("dctms.toolkit", "dctms.convert", "dctms.tui", "toolkit", "convert", "tui", "mlx_lm")
 
 
 def _is_forbidden(module: str) -> bool:
@@ -96,6 +97,8 @@ BAD_SOURCES = {
     "from": "from dctms.toolkit.trace import build_model\n",
     "from-package": "from dctms import toolkit\n",
     "tui": "from dctms.tui import app\n",
+    "convert": "from dctms.convert.gguf import convert_gguf\n",
+    "relative-convert": "from ..convert import gguf\n",
     "relative": "from ..toolkit import compiler\n",
     "relative-tui": "from .. import tui\n",
     "mlx_lm": "import mlx_lm\n",

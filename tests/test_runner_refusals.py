@@ -343,7 +343,7 @@ def test_report_flags_a_peak_above_the_provable_envelope(model):
 
 
 def test_summary_survives_a_zero_peak(model):
-    from dctms.cli.commands.run import summary
+    from dctms.cli.run_summary import summary
     from dctms.runner.report import build_report
 
     plan = read_plan(model[0])
@@ -366,8 +366,8 @@ def restore_mlx_limits():
 def test_exit_3_when_observed_peak_exceeds_the_envelope(
     model, tmp_path, monkeypatch, capsys, restore_mlx_limits, excess
 ):
-    from dctms.cli.commands.run import EXIT_OVER_ENVELOPE
     from dctms.cli.main import main
+    from dctms.cli.run_summary import EXIT_OVER_ENVELOPE
 
     plan_path, folder = model
     provable = read_plan(plan_path).envelope.provable
@@ -386,7 +386,7 @@ def test_exit_3_when_observed_peak_exceeds_the_envelope(
         assert rc == EXIT_OVER_ENVELOPE == 3
         assert not data["within_envelope"]
         assert f"observed MLX peak {provable + 1} bytes exceeds" in err
-        assert f"provable envelope {provable} bytes" in err
+        assert f"provable peak {provable} bytes" in err
         assert "within envelope: NO" in err
     else:  # exactly at the envelope is within it
         assert rc == 0

@@ -19,6 +19,7 @@ import mlx.core as mx
 import pytest
 from msgspec.structs import replace as struct_replace
 from test_real_model import smollm2  # noqa: F401 - the session fixture
+from tiny_configs import BASE, QWEN2_F32
 
 from dctms.runner.request import validate_request
 from dctms.runner.sampling import SamplingParams
@@ -30,21 +31,7 @@ from dctms.toolkit.compiler import CompileOptions, compile_plan
 
 N, M, CHUNK = 64, 32, 16
 K = 16  # generated tokens per run
-CONFIG = {
-    "model_type": "qwen2",
-    "torch_dtype": "float32",
-    "tie_word_embeddings": True,
-    "hidden_size": 128,
-    "num_hidden_layers": 2,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 257,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 512,
-    "eos_token_id": 256,
-}
+CONFIG = {**BASE, **QWEN2_F32}
 PROMPT = [(i * 37 + 5) % 256 for i in range(23)]  # two prefill chunks, the second padded
 # Each setting, and the one that differs from it only by the parameter under test.
 CASES = {

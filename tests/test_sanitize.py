@@ -25,7 +25,7 @@ def folders(tmp_path_factory) -> tuple[Path, Path, Path]:
     """(the folder with the head stored, the same without it, an image)."""
     from PIL import Image
 
-    from dctms.toolkit.vision_tiny import write_tiny_vlm
+    from dctms.toolkit.vision.tiny import write_tiny_vlm
 
     root = tmp_path_factory.mktemp("sanitize")
     stored = write_tiny_vlm(root / "stored", "gemma3")

@@ -311,9 +311,14 @@ def test_status_and_metrics_report_the_envelope_and_the_peak(server, client):
     assert env["runtime"] == max(a["runtime"], b["runtime"]) + sum(extras.values())
     assert env["total"] == env["provable"] + env["runtime"]
     assert st["rss_within_envelope_total"] is True, (st["rss_bytes"], env["total"])
+    # the peak since the server started (weights loaded, a request run) beside the current RSS
+    assert st["rss_peak_bytes"] >= st["rss_bytes"] > 0
     with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
         text = r.read().decode()
     assert f"dctms_envelope_provable_bytes {env['provable']}" in text
+    rss = {k: int(v) for k, _, v in (line.partition(" ") for line in text.splitlines())
+           if k in ("dctms_rss_bytes", "dctms_rss_peak_bytes")}  # fmt: skip
+    assert rss["dctms_rss_peak_bytes"] >= rss["dctms_rss_bytes"] > 0
     assert "dctms_observed_mlx_peak_bytes " in text and "dctms_queue_waiting " in text
 
 

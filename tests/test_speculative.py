@@ -29,7 +29,7 @@ from dctms.schema.io import encode_plan, write_plan
 from dctms.schema.model_folder import open_model, open_model_folder
 from dctms.schema.verify import verify_plan
 from dctms.toolkit.compiler import CompileOptions
-from dctms.toolkit.speculative import compile_speculative
+from dctms.toolkit.kinds.speculative import compile_speculative
 from dctms.toolkit.tiny_model import write_tiny_model
 
 TARGET = {**TINY_QWEN2, "num_hidden_layers": 3}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import make_tiny_plan
+from conftest import make_broken_tiny_plan, make_tiny_plan
 
 from dctms.schema.errors import PlanError
 from dctms.schema.io import read_plan, write_plan
@@ -80,8 +81,10 @@ def test_overview_shows_the_plans_figures():
         assert f"{e.total:,} B" in shown  # M_max
         for name in ("weights", "kv", "intermediate", "runtime"):
             assert f"{getattr(e, name):,} B" in shown
-        assert f"device budget   {e.device:,} B" in shown
-        assert f"M_free (fits)   {e.free:,} B" in shown
+        # labelled as `dctms show` labels them (docs/explanation/envelope.md)
+        assert re.search(rf"total = M_max +{e.total:,} B .* 100 %", shown)
+        assert re.search(rf"device +{e.device:,} B", shown)
+        assert re.search(rf"free +{e.free:,} B .* fits", shown)
         table1 = text(app.screen.query_one("#table1"))
         assert f"{s.logical_tensors}" in table1 and "448" in table1
         assert f"{s.reduction:.2%}" in table1 and "72.77%" in table1
@@ -126,19 +129,19 @@ def test_number_keys_tab_and_palette_switch_screens():
     app = make_app()
 
     async def scenario(pilot):
-        order = ["overview", "memory", "lifetimes", "buffers", "schedule", "ops"]
+        order = ["overview", "memory", "lifetimes", "buffers", "schedule", "ops", "pool"]
         for number, mode in enumerate(order, start=1):
             await keys(pilot, str(number))
             assert app.current_mode == mode
         await keys(pilot, "tab")
         assert app.current_mode == "overview"  # wraps around
         await keys(pilot, "shift+tab")
-        assert app.current_mode == "ops"
-        await keys(pilot, "7")  # no Diff screen with one plan: it says why
-        assert app.current_mode == "ops"
+        assert app.current_mode == "pool"
+        await keys(pilot, "8")  # no Diff screen with one plan: it says why
+        assert app.current_mode == "pool"
         (note,) = app._notifications
         assert "compares two plans: start it as dctms-tui OLD NEW" in note.message
-        assert " 7 Diff " in screen_text(app).splitlines()[0]  # dimmed in the navigation bar
+        assert " 8 Diff " in screen_text(app).splitlines()[0]  # dimmed in the navigation bar
         await keys(pilot, "ctrl+p")
         await pilot.press(*"lifetim")
         await pilot.pause(0.3)
@@ -431,7 +434,7 @@ def test_diff_mode_opens_on_the_deltas():
         assert "+0.000" in speed
         await keys(pilot, "2")  # the other screens show the new plan
         assert app.current_mode == "memory"
-        await keys(pilot, "7")
+        await keys(pilot, "8")
         assert app.current_mode == "diff"
 
     drive(app, scenario)
@@ -474,12 +477,8 @@ def run_tui(*argv: str) -> subprocess.CompletedProcess:
 
 def broken_plan(tmp_path: Path) -> Path:
     """t2 moved onto t0's bytes while both are live: the verifier's arena_overlap rule."""
-    plan = make_tiny_plan()
-    phase = plan.phases[0]
-    tensors = [msgspec.structs.replace(t, offset=0) if t.id == "t2" else t for t in phase.tensors]
-    bad = msgspec.structs.replace(plan, phases=[msgspec.structs.replace(phase, tensors=tensors)])
     path = tmp_path / "broken.plan"
-    write_plan(bad, path)
+    write_plan(make_broken_tiny_plan(), path)
     return path
 
 

@@ -15,7 +15,7 @@ from test_tui_app import screen_text, text
 from dctms.schema.io import write_plan
 from dctms.schema.model_folder import open_model_folder
 from dctms.schema.ranks import read_rank_plans
-from dctms.toolkit.distributed import compile_ranks
+from dctms.toolkit.kinds.distributed import compile_ranks
 from dctms.tui.app import InspectorApp, main
 from dctms.tui.screens.help import HelpScreen
 from dctms.tui.state import Inspection
@@ -153,3 +153,16 @@ def test_a_bad_rank_folder_is_one_line_and_exit_2(folders, tmp_path, capsys) -> 
         assert main([str(folder)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("dctms-tui: ") and message in err, err
+
+
+def test_the_distributed_guide_shows_this_rank_table(folders) -> None:
+    """docs/how-to/distributed.md shows the pipeline folder's rank table as the Overview draws it."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "distributed.md").read_text()
+    shown = guide.split("draws this):\n\n```\n", 1)[1].split("```", 1)[0]
+    app = _app(folders["pipeline"])
+
+    async def scenario(pilot) -> None:
+        table = text(app.screen.query_one("#ranks"))
+        assert shown == "".join(line.rstrip() + "\n" for line in table.splitlines()), table
+
+    _drive(app, scenario)

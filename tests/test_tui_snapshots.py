@@ -7,9 +7,12 @@ changes. Fixed terminal size, nothing focused that blinks. Regenerate after an i
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 from conftest import make_tiny_plan
+from prefix_runs import compile_pool_plans, record_fixed_run
 
 from dctms.schema.types import Plan
 from dctms.tui.app import InspectorApp
@@ -54,3 +57,28 @@ def test_diff(snap_compare):
 
 def test_help(snap_compare):
     assert snap_compare(tiny_app(), press=["question_mark"], terminal_size=SIZE)
+
+
+@pytest.fixture(scope="module")
+def pool_run(tmp_path_factory):
+    """The tiny model's 2-block pool plan and a run of fixed prompts through it (a real run: the
+    report's numbers come from the runner's index, not typed here)."""
+    from dctms.figures.prefix_run import read_pool_run
+    from dctms.schema.io import read_plan
+
+    root = tmp_path_factory.mktemp("pool-snapshot")
+    plans = compile_pool_plans(root, ("small",))
+    report = root / "fixed-run.json"
+    report.write_text(json.dumps(record_fixed_run(plans["small"], plans["model"])))
+    plan = read_plan(plans["small"])
+    return plan, read_pool_run(report, plan)
+
+
+def test_pool(snap_compare, pool_run):
+    plan, run = pool_run
+    app = InspectorApp(Inspection(plan, "pool.plan", pool_run=run), screen="pool")
+    assert snap_compare(app, terminal_size=SIZE)
+
+
+def test_pool_without_a_pool(snap_compare):
+    assert snap_compare(tiny_app("pool"), terminal_size=SIZE)

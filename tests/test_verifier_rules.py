@@ -154,8 +154,17 @@ def _constant_index(plan: Plan, op_index: int, slot: int, value: int, dtype: str
     return op(plan, op_index, inputs=inputs)
 
 
+def _metal_model(plan: Plan) -> Plan:
+    """A metal allocator model on the tiny plan's CPU target (tests/test_targets.py breaks the
+    model's own figures on a compiled metal plan)."""
+    from dctms.schema.targets import derive
+
+    return nested(plan, "target", memory_model=derive("metal", "apple-m4-16gb"))
+
+
 CASES: list[tuple[str, str, Break]] = [
     ("unique_ids", "duplicate tensor id", lambda p: tensor(p, "t2", id="t0")),
+    ("memory_model", "a metal model on a cpu target", _metal_model),
     (
         "unique_ids",
         "op output without tensor record",
@@ -672,6 +681,11 @@ CASES: list[tuple[str, str, Break]] = [
         lambda p: _with_prefill(binding(p, "outputs", "out", name="token")),
     ),
     ("compile_request", "kv bits differ from bounds.kv", lambda p: with_request(p, kv_bits=4)),
+    (
+        "prefix_pool",
+        "a prefix-pool state in a plan whose bounds have no pool",
+        lambda p: replace(p, state=[*p.state, replace(p.state[0], name="layers.0.keys.pool")]),
+    ),
     (
         "quantized_start",
         "a quantised KV cache without its prefill_start phase",

@@ -3,7 +3,7 @@
 gemma3 has a fixed-resolution SigLIP tower (every image is resized to 32x32 here: one vision
 phase); qwen2_vl a dynamic-resolution one (its processor rounds images to multiples of 28, and
 the size decides the patch count: one vision phase per size up to the bound, 56x84 here). Tiny
-random folders are written by ``toolkit.vision_tiny`` (mlx-vlm's own model classes, a byte
+random folders are written by ``toolkit.vision.tiny`` (mlx-vlm's own model classes, a byte
 tokenizer with the image tokens, transformers' image processors). Images are PNG/JPEG files of
 several sizes made here. The ids are compared with mlx-vlm's own greedy ``generate_step`` on
 mlx-vlm's own processor's inputs.
@@ -40,8 +40,8 @@ def vlm(request, tmp_path_factory) -> tuple[str, Path, Path]:
     """(family, plan, folder): a tiny model compiled for K=2 images up to its bound."""
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions
-    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
-    from dctms.toolkit.vision_tiny import write_tiny_vlm
+    from dctms.toolkit.vision.compiler import VisionOptions, compile_vlm_plan
+    from dctms.toolkit.vision.tiny import write_tiny_vlm
 
     family = request.param
     n, (h, w), _ = FAMILIES[family]
@@ -346,7 +346,7 @@ def test_an_image_on_a_text_plan_is_refused(tmp_path, images, capsys) -> None:
     ],
 )
 def test_bad_vision_compile_options_are_one_line(tmp_path, capsys, family, extra, needle) -> None:
-    from dctms.toolkit.vision_tiny import CONFIGS
+    from dctms.toolkit.vision.tiny import CONFIGS
 
     config = tmp_path / "config.json"  # a config alone compiles (weights are optional)
     config.write_text(json.dumps(CONFIGS[family]()))

@@ -30,7 +30,7 @@ def chat_vlm(tmp_path_factory) -> tuple[Path, Path, Path]:
     from PIL import Image
 
     from dctms.cli.main import main
-    from dctms.toolkit.vision_tiny import write_tiny_vlm
+    from dctms.toolkit.vision.tiny import write_tiny_vlm
 
     root = tmp_path_factory.mktemp("chat-vlm")
     folder = write_tiny_vlm(root / "model", "gemma3")

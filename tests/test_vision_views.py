@@ -2,7 +2,7 @@
 (``figures.streams``, drawn on the TUI's Memory screen) and ``dctms dot --view streams``.
 
 Tiny random gemma3 (fixed-resolution tower) and qwen2_vl (dynamic: one vision phase per size)
-folders from ``toolkit.vision_tiny``, compiled serially and with ``--overlap`` (N=96, 2 images,
+folders from ``toolkit.vision.tiny``, compiled serially and with ``--overlap`` (N=96, 2 images,
 prefill chunks of 16: six prefill calls).
 """
 
@@ -29,8 +29,8 @@ BOUNDS = {"gemma3": (32, 32), "qwen2_vl": (56, 84)}
 def plan_path(request, tmp_path_factory) -> Path:
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions
-    from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
-    from dctms.toolkit.vision_tiny import write_tiny_vlm
+    from dctms.toolkit.vision.compiler import VisionOptions, compile_vlm_plan
+    from dctms.toolkit.vision.tiny import write_tiny_vlm
 
     family, overlap = request.param
     folder = write_tiny_vlm(tmp_path_factory.mktemp(family) / "model", family)

@@ -73,7 +73,12 @@ def test_package_data_covers_every_data_file() -> None:
 
 def test_extras_are_named_for_what_they_add() -> None:
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert {"plot", "serve", "test"} <= set(extras)
+    assert {"plot", "serve", "test", "cpu", "cuda"} <= set(extras)
+    # the MLX backend is an extra (cpu and cuda clash), the tests install the CPU one
+    deps = PYPROJECT["project"]["dependencies"]
+    assert not any("mlx[" in d for d in deps)
+    assert extras["cpu"][0].startswith("mlx[cpu]") and extras["cuda"][0].startswith("mlx[cuda]")
+    assert "dctms[cpu]" in extras["test"]
     assert "matplotlib>=3.8" in extras["plot"]
     assert any(req.startswith("starlette") for req in extras["serve"])
 
@@ -130,7 +135,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel: Path, tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     assert _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env).returncode == 0
     bin_ = venv / "bin"
-    proc = _run([str(bin_ / "pip"), "install", "-q", f"{wheel}[serve]"], tmp_path, env)
+    proc = _run([str(bin_ / "pip"), "install", "-q", f"{wheel}[serve,cpu]"], tmp_path, env)
     if proc.returncode != 0 and "No matching distribution" in proc.stderr:
         pytest.skip(f"the package index is not reachable: {proc.stderr.strip()[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]

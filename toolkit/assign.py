@@ -4,13 +4,13 @@
   the minimum number of buffers for an interval graph (Golumbic), each sized to its largest tenant.
   Among free buffers we pick the best fit by size, which keeps the buffers' total small too.
 * ``pack``: offsets in a single arena. Greedy best-fit over several orders first
-  (``pack_greedy``, the TFLite/XLA practice); when the best order misses the lower bound, an exact
-  branch-and-bound (``pack_search``) looks for a smaller arena within a work budget and may prove
+  (``pack.greedy``, the TFLite/XLA practice); when the best order misses the lower bound, an exact
+  branch-and-bound (``pack.search``) looks for a smaller arena within a work budget and may prove
   the result optimal. Offsets and sizes are rounded up to the alignment.
 * ``lower_bound``: max over slots of the aligned bytes live in that slot: no packing can beat it.
 
 Intervals are inclusive slot ranges ``(s, e)``; two tensors conflict when ``a0 <= b1 and b0 <= a1``.
-The packers themselves work on half-open ``[start, end)`` times (``pack_problem``).
+The packers themselves work on half-open ``[start, end)`` times (``pack.problem``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import heapq
 from collections.abc import Sequence
 
 from dctms.schema.sizes import align_up
-from dctms.toolkit.pack_problem import live_max, make_problem
-from dctms.toolkit.pack_solve import Packing, solve
+from dctms.toolkit.pack.problem import live_max, make_problem
+from dctms.toolkit.pack.solve import Packing, solve
 
 __all__ = ["Packing", "align_up", "colour", "lower_bound", "pack", "solve"]
 

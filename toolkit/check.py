@@ -32,13 +32,18 @@ from dctms.schema.io import decode_plan, encode_plan, write_plan
 from dctms.schema.model_folder import ModelFolder, model_from_config, open_model
 from dctms.schema.types import CompileRequest, Plan
 from dctms.toolkit.compiler import CompileOptions
-from dctms.toolkit.plan_kinds import compile_kind, kind_flags, kind_of
+from dctms.toolkit.kinds.dispatch import compile_kind, kind_flags, kind_of
 
 Verdict = Literal["ok", "stale", "edited"]
 
 
 @dataclass(frozen=True)
 class CheckResult:
+    """What ``check_plan`` found: ``verdict`` is ``"ok"`` (the plan is what its recorded request
+    compiles to today), ``"stale"`` (the compiler or the model changed it: ``reason`` names the
+    first difference, ``remedy`` the command that re-makes it, ``fresh`` the re-compiled plan) or
+    ``"edited"`` (the file was changed after it was written)."""
+
     path: str
     verdict: Verdict
     reason: str  # "" when ok; else the first difference, on one line
@@ -72,6 +77,7 @@ def compile_command(request: CompileRequest, model: str, output: str) -> str:
         "dtype": "--dtype",
         "device_memory": "--memory",
         "backend": "--backend",
+        "target": "--target",
         "alignment": "--alignment",
         "profile": "--profile",
         "sync_every": "--sync-every",

@@ -28,6 +28,7 @@ from dctms.schema.sizes import (
     recorded_run_ahead,
     slack_bytes,
 )
+from dctms.schema.targets import overhead, run_ahead_budget
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -41,6 +42,7 @@ from dctms.schema.types import (
     Generator,
     LengthAffine,
     Lengths,
+    MemoryModel,
     ModelInfo,
     Op,
     Phase,
@@ -57,11 +59,12 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign, caches, limits
+from dctms.toolkit import assign, caches, limits, prefix_pool
 from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.fuse_projections import fuse_projections
 from dctms.toolkit.lengths import (
+    ROWS,
     TOKEN_STEP,
     TOKENS,
     WINDOW,
@@ -71,7 +74,10 @@ from dctms.toolkit.lengths import (
     digest,
     fit,
     prefill_candidates,
+    rows_candidates,
+    rows_grid,
     sample_lengths,
+    sample_rows,
     single_candidates,
     verified_points,
 )
@@ -80,6 +86,7 @@ from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
 from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import Schedule, build_schedule
+from dctms.toolkit.targets import ROUNDING_BLOCK, resolve_target, rounding_block, target_slack
 from dctms.toolkit.trace import (
     DTYPES,
     PhaseTracer,
@@ -114,6 +121,9 @@ class CompileOptions:
     dtype: str | None = None
     device_memory: int | None = None
     backend: str | None = None
+    # The target memory model (schema.targets): "cpu", "metal[-PROFILE]" or "cuda[-PROFILE]"; a
+    # GPU target is traced on the CPU and planned by its allocator model (toolkit.targets).
+    target: str | None = None
     alignment: int = 64
     profile: str | None = None
     hash_weights: bool = False
@@ -150,6 +160,10 @@ class CompileOptions:
     # mlx-lm's sampler and logits processors traced into both phases, their parameters per-call
     # inputs (toolkit.sampling); off: greedy argmax only, as before.
     sampling: bool = False
+    # A prompt-prefix pool (toolkit.prefix_pool): K blocks of prefill_chunk positions, or as many
+    # as ``prefix_cache`` bytes hold.
+    prefix_blocks: int = 0
+    prefix_cache: int | None = None
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -172,6 +186,12 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError(f"alignment must be a power of two, got {opts.alignment}")
     if opts.sampling:
         _check_sampling(opts)
+    if opts.batch > 1 or _pooled(opts):
+        _check_batch(opts)
+    if opts.prefix_blocks < 0:
+        raise DctmsError(f"--prefix-blocks must be 0 (none) or more, got {opts.prefix_blocks}")
+    if opts.prefix_blocks and opts.prefix_cache is not None:
+        raise DctmsError("give --prefix-blocks or --prefix-cache, not both")
     if opts.dtype is not None and opts.dtype not in DTYPES:
         raise DctmsError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype}")
 
@@ -190,6 +210,30 @@ def _check_sampling(opts: CompileOptions) -> None:
             raise DctmsError(f"--sampling is not supported with {flag} yet")
 
 
+DECODE_ONE = "decode_one"  # a batched plan's decode step of slot 0 alone (runner.batch)
+
+
+def _pooled(opts: CompileOptions) -> bool:
+    """Whether the options ask for a prompt-prefix pool (``toolkit.prefix_pool``)."""
+    return opts.prefix_blocks > 0 or opts.prefix_cache is not None
+
+
+def _check_batch(opts: CompileOptions) -> None:
+    """A batched plan's slots (``toolkit.slots``) and a prefix pool are planned over a float full
+    KV cache, one rank, greedy decoding (each refused in one line, not planned wrong)."""
+    what = f"--batch {opts.batch}" if opts.batch > 1 else "--prefix-blocks/--prefix-cache"
+    if _pooled(opts) and opts.sampling:
+        raise DctmsError(f"{what} is not supported with --sampling yet")
+    others = [
+        (opts.kv_bits is not None, "--kv-bits"),
+        (opts.max_kv_size is not None, "--max-kv-size"),
+        (opts.ranks != 1 or opts.parallel is not None, "--ranks/--parallel"),
+    ]
+    for given, flag in others:
+        if given:
+            raise DctmsError(f"{what} is not supported with {flag} yet")
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the options leave open, decided once: every later pass reads these."""
@@ -199,6 +243,7 @@ class Settings:
     backend: str
     profile: TargetProfile
     allocator_slack: int
+    memory_model: MemoryModel | None = None  # a GPU target's allocator model (schema.targets)
 
 
 def compile_plan(
@@ -211,7 +256,7 @@ def compile_plan(
     limits.check_config(source.config)
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
-    use_device(settings.backend)  # the graph (fast kernels or their decompositions) depends on it
+    use_device(trace_device(settings))  # the graph (fast kernels or their composites) depends on it
     part = plan_model(source, headers, opts, settings, say)
     state, phases = part.state, part.phases
     envelope = build_envelope(
@@ -287,7 +332,7 @@ def plan_model(
                 fits.get(tp.name),
                 _candidates(fits.get(tp.name), opts),
                 say,
-                rules=memory_rules(settings.backend, opts.run_ahead),
+                rules=memory_rules(settings.backend, opts.run_ahead, settings.memory_model),
             )
         )
     return ModelPart(
@@ -295,7 +340,7 @@ def plan_model(
         capacity,
         weights,
         phases,
-        state_tensors(traced, settings.allocator_slack),
+        state_tensors(traced, settings.allocator_slack, settings.memory_model, weights),
         ranked[0] if ranked else None,
     )
 
@@ -319,10 +364,18 @@ def resolve_settings(
 ) -> Settings:
     """dtype (see ``model_dtype``), prefill chunk, backend, roofline profile."""
     dtype = model_dtype(config, headers, opts.dtype)
-    backend = opts.backend or ("gpu" if mx.default_device() == mx.gpu else "cpu")
+    chunk = opts.prefill_chunk or min(opts.input_tokens, 512)
+    if opts.target is not None:
+        target = resolve_target(opts)
+        if target.model is not None:
+            return Settings(
+                dtype, chunk, "gpu", target.profile, target_slack(target.model), target.model
+            )
+    default = "gpu" if mx.default_device() == mx.gpu and opts.target is None else "cpu"
+    backend = opts.backend or default
     return Settings(
         dtype=dtype,
-        prefill_chunk=opts.prefill_chunk or min(opts.input_tokens, 512),
+        prefill_chunk=chunk,
         backend=backend,
         profile=get_profile(opts.profile or DEFAULT_PROFILE[backend]),
         allocator_slack=ALLOCATOR_SLACK[backend],
@@ -349,7 +402,7 @@ def trace_source(
     model = build_model(config, settings.dtype, stored, follow_stored=opts.dtype is None)
     rank = None
     if opts.ranks > 1 or opts.parallel is not None:
-        from dctms.toolkit.distributed import rank_spec, split_model
+        from dctms.toolkit.kinds.rank import rank_spec, split_model
 
         rank = split_model(model, rank_spec(opts))
         say(f"rank {opts.rank} of {opts.ranks} ({opts.parallel}): layers {rank.layers}")
@@ -364,6 +417,12 @@ def trace_source(
     quant = caches.kv_quantization(opts, chunk)
     rings = caches.rings_for(windows, chunk, capacity)
     if rank is None:
+        if (opts.batch > 1 or _pooled(opts)) and any(r is not None for r in rings):
+            what = f"--batch {opts.batch}" if opts.batch > 1 else "--prefix-blocks/--prefix-cache"
+            raise DctmsError(
+                f"{what} is not supported yet for models with sliding-window or recurrent layers "
+                "(their slots are not planned)"
+            )
         if opts.sampling and any(r is not None for r in rings):
             raise DctmsError(
                 "--sampling is not supported yet for models with sliding-window or recurrent layers"
@@ -376,8 +435,11 @@ def trace_source(
             kv_quant=quant,
             rings=rings,
             sampling=opts.sampling,
+            prefix_blocks=1 if _pooled(opts) else 0,  # a flag here: K is resolved below
         )
     else:
+        if _pooled(opts):
+            raise DctmsError("--prefix-blocks/--prefix-cache is not supported with --ranks yet")
         tracer = rank.tracer(
             num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
         )
@@ -387,9 +449,20 @@ def trace_source(
     paths = {"paths": True}
     prefill = tracer.prefill(chunk, prompt_window, **paths)
     decode = tracer.decode(window, **paths)
+    # a batched plan's step of slot 0 alone: one row, as cheap as a batch-1 step (the rows
+    # length stops at 2: MLX takes its scalar paths for a [1, ...] row, so rows = 1 is its own graph)
+    one = [tracer.decode(window, name=DECODE_ONE, rows=1, **paths)] if opts.batch > 1 else []
+    blocks, pool = 0, []
+    if _pooled(opts):
+        if more_phases is not None:
+            raise DctmsError("--prefix-blocks/--prefix-cache is not supported with --draft yet")
+        prefix_pool.check_supported(tracer)
+        blocks = prefix_pool.resolve_blocks(tracer, chunk, opts.prefix_blocks, opts.prefix_cache)
+        pool = prefix_pool.trace_block_phases(tracer, blocks, chunk)
     start = caches.start_phases(tracer, quant, chunk, capacity, paths)
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
-    traced = tracer.traced([*start, prefill, decode, *(tp for tp, _ in more)])
+    traced = tracer.traced([*start, prefill, decode, *one, *pool, *(tp for tp, _ in more)])
+    traced = replace(traced, prefix_blocks=blocks)
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
         return _merged(traced, fits, say, _fuses(opts)), capacity, fits
@@ -402,7 +475,8 @@ def trace_source(
     for name, found in (
         *found_start,
         ("prefill", _fit_prefill(tracer, prefill, chunk, prompt_window, special)),
-        ("decode", _fit_decode(tracer, decode, window, special)),
+        ("decode", _fit_decode(tracer, decode, window, special, opts.batch)),
+        *((DECODE_ONE, _fit_decode(tracer, tp, window, special, 1, DECODE_ONE)) for tp in one),
         *((tp.name, found) for tp, found in more),
     ):
         if isinstance(found, str):
@@ -440,6 +514,7 @@ def _fuses(opts: CompileOptions) -> bool:
     CPU, no cast at load, not a rank's slices (``runner.weight_arena``)."""
     return (
         opts.backend in (None, "cpu")
+        and opts.target in (None, "cpu")
         and opts.dtype is None
         and opts.ranks == 1
         and opts.parallel is None
@@ -476,14 +551,38 @@ def _fit_prefill(
         return str(err)
 
 
-def _fit_decode(tracer: PhaseTracer, bound: TracedPhase, window: int, special: list[int]):
+def _fit_decode(
+    tracer: PhaseTracer,
+    bound: TracedPhase,
+    window: int,
+    special: list[int],
+    batch: int = 1,
+    name: str = "decode",
+):
+    """The decode phase's fit over the window -- and, for a batched plan, over the rows (busy
+    slots) a step advances: (rows, window). ``decode_one`` (slot 0 alone) has one row."""
+    rows = 1 if name == DECODE_ONE else batch
     ws = sample_lengths(window, special)
-    if not ws:
+    rs = sample_rows(rows) if rows > 1 else None
+    if not ws and not rs:
         return "the bounds are too small to vary"
+    names = [n for n, s in ((ROWS, rs), (WINDOW, ws)) if s]
+    r1, r2 = rs or (rows, rows)
+    w1, w2 = ws or (window, window)
+    points = [(rows, window)]
+    if rs:
+        points.append((r1, window))
+    if ws:
+        points.append((rows, w1))
+    points.append((r2, w2))
+    keep = [i for i, n in enumerate((ROWS, WINDOW)) if n in names]
     try:
-        samples = [((window,), digest(bound, bound, (window,)))]
-        samples += [((w,), digest(bound, tracer.decode(w), (w,))) for w in ws]
-        return fit([WINDOW], samples, bound)
+        samples = []
+        for r, w in points:
+            phase = bound if (r, w) == points[0] else tracer.decode(w, name=name, rows=r)
+            samples.append((tuple((r, w)[i] for i in keep), digest(bound, phase, (r, w))))
+            del phase
+        return fit(names, samples, bound)
     except NotAffine as err:
         return str(err)
 
@@ -494,8 +593,12 @@ def _candidates(lf: LengthFit | None, opts: CompileOptions) -> list[tuple[int, .
     if lf is None:
         return []
     token_step, window_step = grid_steps(opts)
+    if lf.names == (ROWS, WINDOW):
+        return rows_candidates(lf.bound[0], lf.bound[1], window_step)
     if len(lf.names) == 2:
         return prefill_candidates(lf.bound[0], lf.bound[1], opts.input_tokens, token_step)
+    if lf.names == (ROWS,):
+        return [(r,) for r in rows_grid(lf.bound[0])]
     return single_candidates(lf.names[0], lf.bound[0], token_step, window_step)
 
 
@@ -507,8 +610,14 @@ def grid_steps(opts: CompileOptions) -> tuple[int, int]:
     )
 
 
-def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
-    """The KV cache (the phases' state inputs) and the runner's persistent byte blocks."""
+def state_tensors(
+    traced: Traced,
+    allocator_slack: int,
+    model: MemoryModel | None = None,
+    weights: Weights | None = None,
+) -> list[StateTensor]:
+    """The KV cache (the phases' state inputs) and the runner's persistent byte blocks; on a GPU
+    target (``model``) also what its allocator's rounding adds to the weights and KV arrays."""
     kv = [
         StateTensor(
             b.name,
@@ -521,7 +630,12 @@ def state_tensors(traced: Traced, allocator_slack: int) -> list[StateTensor]:
         )
         for b in _state_bindings(traced)
     ]
-    return kv + _persistent(traced.phases, allocator_slack)
+    blocks = _persistent(traced.phases, allocator_slack, model)
+    if model is not None:
+        size = rounding_block(model, weights, kv)
+        if size:
+            blocks.append(StateTensor(ROUNDING_BLOCK, "persistent", [size], "uint8", size))
+    return kv + blocks
 
 
 def _state_bindings(traced: Traced) -> list[TracedBinding]:
@@ -573,6 +687,7 @@ def emit_plan(
             dtype=settings.dtype,
             kv=caches.kv_storage(traced.kv.dtype, opts),
             kv_capacity=capacity,
+            prefix_blocks=traced.prefix_blocks,
         ),
         model=model_info(source, traced, weights),
         target=Target(
@@ -580,8 +695,11 @@ def emit_plan(
             alignment=opts.alignment,
             profile=settings.profile,
             device_memory=opts.device_memory,
-            run_ahead_dispatches=recorded_run_ahead(settings.backend, opts.run_ahead),
+            run_ahead_dispatches=recorded_run_ahead(
+                settings.backend, opts.run_ahead, settings.memory_model
+            ),
             allocator_slack=settings.allocator_slack,
+            memory_model=settings.memory_model,
         ),
         state=state,
         phases=phases,
@@ -635,6 +753,12 @@ def model_dtype(config: dict, headers: list[HeaderTensor] | None, cast: str | No
     return dtype if dtype in DTYPES else "bfloat16"
 
 
+def trace_device(settings: Settings) -> str:
+    """The device the graph is traced on: a GPU target's on the CPU (cross-compilation: the same
+    graph on every machine, MLX's composites of the fast kernels), else the plan's backend."""
+    return "cpu" if settings.memory_model is not None else settings.backend
+
+
 def use_device(backend: str) -> None:
     """Make ``backend`` MLX's default device; refuse a GPU this machine does not have."""
     if backend == "gpu" and not mx.is_available(mx.gpu):
@@ -642,7 +766,9 @@ def use_device(backend: str) -> None:
     mx.set_default_device(mx.gpu if backend == "gpu" else mx.cpu)
 
 
-def _persistent(phases: list[TracedPhase], slack: int) -> list[StateTensor]:
+def _persistent(
+    phases: list[TracedPhase], slack: int, model: MemoryModel | None = None
+) -> list[StateTensor]:
     """Memory the runner holds across calls besides the cache: each phase's constants (made once)
     and the input arrays of two calls (one computing, one being built), each with the allocator's
     cache-reuse slack. Recorded as byte blocks (uint8, shape [bytes])."""
@@ -653,7 +779,7 @@ def _persistent(phases: list[TracedPhase], slack: int) -> list[StateTensor]:
             sizes = [nbytes(x.shape, x.dtype) for x in items]
             # The runner builds the next call while the current one computes: two calls' inputs.
             copies = 2 if what == "inputs" else 1
-            size = copies * sum(b + min(b, slack) for b in sizes)
+            size = copies * sum(b + overhead(model, b, slack) for b in sizes)
             if size:
                 blocks.append(StateTensor(f"{tp.name}.{what}", "persistent", [size], "uint8", size))
     return blocks
@@ -731,10 +857,15 @@ class Placement:
     arena_gap_bytes: int
 
 
-def memory_rules(backend: str, run_ahead: str) -> MemoryRules:
+def memory_rules(backend: str, run_ahead: str, model: MemoryModel | None = None) -> MemoryRules:
     """Pass 3's rules for a backend: MLX's CPU donation and run-ahead (``run_ahead`` "free" or
-    "throttled"); GPU plans keep the throttled widening they always had (they are not proven: their
-    run-ahead is not modelled)."""
+    "throttled"); a GPU target's command-buffer widening in kernel ops, without donation
+    (``schema.targets``); GPU plans traced natively keep the throttled widening they always had
+    (they are not proven: their run-ahead is not modelled)."""
+    if model is not None:
+        return MemoryRules(
+            donation=False, run_ahead=run_ahead_budget(model), kernels=True, model=model
+        )
     if backend != "cpu":
         return MemoryRules(donation=False, run_ahead=THROTTLED_RUN_AHEAD)
     return MemoryRules(donation=True, run_ahead=RUN_AHEAD[run_ahead])
@@ -758,7 +889,7 @@ def plan_phase(
     sched = build_schedule(tp, views, ridge, sync_every)
     lives = analyse(tp, sched, rules)
     placement = assign_arena(lives, alignment, pack_seconds)
-    phase = emit_phase(tp, sched, lives, placement, allocator_slack)
+    phase = emit_phase(tp, sched, lives, placement, allocator_slack, rules.model)
     if lengths is None:
         return phase
     points, dropped = verified_points(tp, lengths, sched, lives, candidates or [], rules)
@@ -820,6 +951,7 @@ def emit_phase(
     lives: PhaseLives,
     placement: Placement,
     allocator_slack: int,
+    model: MemoryModel | None = None,
 ) -> Phase:
     """Emit one phase: ops in execution order, tensor records by variant, buffers, sync points."""
     ops = []
@@ -880,7 +1012,7 @@ def emit_phase(
         lower_bound_bytes=placement.lower_bound_bytes,
         arena_optimal=placement.arena_optimal,
         arena_gap_bytes=placement.arena_gap_bytes,
-        slack_bytes=slack_bytes(tensors, len(sched.slots), allocator_slack),
+        slack_bytes=slack_bytes(tensors, len(sched.slots), allocator_slack, model),
     )
 
 

@@ -3,7 +3,7 @@
 ``dctms explain`` compares each of these plans with a baseline compiled the same way from the same
 request (``figures.explain.knob_effect``), so a difference is the knob's alone. The re-compiles
 skip the real-length points (``real_lengths=False``, as ``dctms fit``'s probes do): they cost most
-of a compile's time. Every plan kind is re-compiled as it was made (``plan_kinds.compile_kind``:
+of a compile's time. Every plan kind is re-compiled as it was made (``kinds.dispatch.compile_kind``:
 a speculative plan with its recorded draft, a vision-language plan with its image bounds).
 """
 
@@ -19,7 +19,7 @@ from dctms.schema.model_folder import model_from_config, open_model
 from dctms.schema.types import Plan
 from dctms.toolkit.check import options_of
 from dctms.toolkit.compiler import CompileOptions
-from dctms.toolkit.plan_kinds import compile_kind, kind_of
+from dctms.toolkit.kinds.dispatch import compile_kind, kind_of
 
 # knob -> the CompileOptions field it sets
 KNOBS = {"chunk": "prefill_chunk", "N": "input_tokens", "M": "output_tokens", "batch": "batch"}

@@ -36,6 +36,7 @@ from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedBinding, TracedPhase, TracedTensor
 
 TOKENS, WINDOW = "tokens", "window"
+ROWS = "rows"  # a batched plan's decode: the slots a step advances (toolkit.slots)
 # The default grid steps (``dctms compile --token-step/--window-step``): a prefill chunk is padded
 # to a multiple of 16 tokens (prefill is compute-bound: padding costs its share of TTFT), a decode
 # window to a multiple of 32 positions (attention over a few spare positions costs far less than
@@ -271,6 +272,37 @@ def prefill_candidates(
                 points.add((t, w))
         points.add((t, window_bound))
     return sorted(points)
+
+
+def sample_rows(bound: int) -> tuple[int, int] | None:
+    """Two row counts to trace a batched decode at besides the bound: >= 2 (size-1 axes are
+    special in MLX) and below it, distinct where the bound leaves room (B = 3: rows 2 twice, the
+    second trace checking the window's coefficient at other rows); None for B = 2."""
+    below = list(range(2, bound))
+    if not below:
+        return None
+    return below[len(below) // 2], below[0]
+
+
+def rows_candidates(
+    rows_bound: int, window_bound: int, window_step: int = WINDOW_STEP
+) -> list[tuple[int, int]]:
+    """(rows, window) pairs of a batched decode: the row counts of ``rows_grid``, at every window
+    of the grid (a step attends over the longest busy sequence's positions)."""
+    windows = length_grid(window_bound, window_step)
+    return [(r, w) for r in rows_grid(rows_bound) for w in windows]
+
+
+def rows_grid(bound: int) -> list[int]:
+    """The row counts a batched decode step may run at: powers of two, and the plan's slots. A
+    step of r busy rows runs at the smallest of them >= r (at most twice the rows it needs); every
+    row count would multiply the points the compiler verifies by the slots (a 1.5B model's
+    8-slot plan: 7 x 27 windows), for a step cost that grows far slower than its rows."""
+    values, r = [], 1
+    while r < bound:
+        values.append(r)
+        r *= 2
+    return [*values, bound]
 
 
 def single_candidates(

@@ -36,11 +36,14 @@ that set, mlx/backend/cpu/eval.cpp). Any donation left out of the plan only lowe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
 from dctms.schema.sizes import FREE_RUN_AHEAD, ITEMSIZE, nbytes, run_ahead_end
+from dctms.schema.targets import kernel_ops
+from dctms.schema.types import MemoryModel
 from dctms.toolkit.memory_model import Layout, donated_layout, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
@@ -53,6 +56,10 @@ class MemoryRules:
 
     donation: bool = True
     run_ahead: int = FREE_RUN_AHEAD
+    # A GPU target (schema.targets): ``run_ahead`` counts kernel ops (0 for an op making views
+    # only, 1 for any other), the command buffers' unit, instead of CPU encoder dispatches.
+    kernels: bool = False
+    model: MemoryModel | None = None  # the GPU target's allocator model, recorded in the plan
 
 
 CPU_RULES = MemoryRules()  # the default: donation and free run-ahead
@@ -163,7 +170,12 @@ def analyse(
             [leaf_kind.get(root_of(t)) == "state" for t in op.inputs],
         )
         scratch[pos] = mem.scratch
-        dispatches[pos] = mem.dispatches
+        if rules.kernels:
+            views_only = bool(mem.effects) and all(e.kind == "view" for e in mem.effects)
+            empty = all(math.prod(tensors[t].shape) == 0 for t in op.outputs)
+            dispatches[pos] = kernel_ops(op.primitive, views_only, empty)
+        else:
+            dispatches[pos] = mem.dispatches
         for t in op.inputs:
             _read(lives, t, pos, root_of)
         for t, eff in zip(op.outputs, mem.effects, strict=True):

@@ -11,8 +11,8 @@ mlx/backend/cpu at the pinned version) and, where it cannot be sure, errs toward
   wrong "copy" guess can only over-estimate.
 * Scratch: temporaries MLX allocates inside an op (matmul's contiguous copies, QuantizedMatmul's
   ``ensure_row_contiguous``, the 8-byte dynamic offset of DynamicSlice(Update)).
-* In-place: a DynamicSliceUpdate of a state input writes into the state (the runner drops its own
-  reference first, so MLX donates the buffer).
+* In-place: a DynamicSliceUpdate or Scatter of a state input writes into the state (the runner
+  drops its own reference first, so MLX donates the buffer).
 * Donation: an elementwise op (``schema.aliasing.DONATING``) lists the inputs MLX would try to write
   its output into (``Effect.donors``, in MLX's order, those whose layout allows it). Whether MLX
   *can* donate depends on who else holds the input; ``toolkit.lifetimes`` decides that from the
@@ -167,6 +167,11 @@ def op_memory(
             else (row_major(shape))
         )
         return OpMemory((Effect("alloc", None, out),), scratch, 3)
+    if primitive == "Scatter" and input_is_state[0]:
+        # A batched decode's per-row KV write (toolkit.slots): MLX's Scatter::eval_cpu copies
+        # its source into the output with copy_cpu, which takes the donated buffer without a
+        # kernel (backend/cpu/copy.cpp set_copy_output_data), then runs one scatter dispatch.
+        return OpMemory((Effect("inplace", 0, inputs[0]),), 0, 1)
     if primitive == "DynamicSlice":
         return OpMemory((Effect("alloc", None, row_major(shape)),), DYNAMIC_OFFSET_BYTES, 2)
     if primitive in ("Matmul", "AddMM"):

@@ -87,6 +87,29 @@ PROFILES: dict[str, TargetProfile] = {
     },
 }
 
+# NVIDIA GPUs (the cuda target), FP32 figures as for the Apple GPUs, from NVIDIA's datasheets.
+_NVIDIA = {
+    "nvidia-a100-sxm": (
+        19.5e12,
+        "published: NVIDIA A100 Tensor Core GPU datasheet, FP32 19.5 TFLOPS",
+        2039e9,
+        "published: NVIDIA A100 datasheet, A100 80GB SXM GPU memory bandwidth 2,039 GB/s",
+    ),
+    "nvidia-h100-sxm": (
+        67e12,
+        "published: NVIDIA H100 Tensor Core GPU datasheet, H100 SXM FP32 67 teraFLOPS",
+        3.35e12,
+        "published: NVIDIA H100 datasheet, H100 SXM GPU memory bandwidth 3.35 TB/s",
+    ),
+    "nvidia-h200-sxm": (
+        67e12,
+        "published: NVIDIA H200 Tensor Core GPU datasheet, H200 SXM FP32 67 TFLOPS",
+        4.8e12,
+        "published: NVIDIA H200 datasheet, H200 SXM GPU memory bandwidth 4.8 TB/s",
+    ),
+}
+PROFILES.update({name: TargetProfile(name, *figures) for name, figures in _NVIDIA.items()})
+
 # The CPU profile predictions use by default (figures.roofline.prediction_profile); choosable here.
 PROFILES[CPU_OPENBLAS.name] = CPU_OPENBLAS
 

@@ -103,6 +103,7 @@ class Traced:
     recurrent: tuple[str, ...] = ()  # state names of recurrent layers (ArraysCache)
     # fused weight name -> its parts, in column order (toolkit.fuse_projections)
     fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    prefix_blocks: int = 0  # blocks of the prompt-prefix pool (toolkit.prefix_pool), 0: none
 
     def phase(self, name: str) -> TracedPhase:
         """The traced phase called ``name`` ("prefill" or "decode")."""
@@ -323,10 +324,15 @@ class PhaseTracer:
         kv_quant=None,
         rings=None,
         sampling: bool = False,
+        prefix_blocks: int = 0,
     ):
         from dctms.toolkit.caches import StateLayout, probes_for  # built on this module's caches
 
         self.model, self.num_layers, self.batch = model, num_layers, batch
+        # A batched plan (toolkit.slots): B slots, a prefill chunk of one sequence into its slot,
+        # a decode step of the first ``rows`` slots each at its own position.
+        self.slotted = batch > 1 or prefix_blocks > 0
+        self.prefix_blocks = prefix_blocks
         # compile --sampling: mlx-lm's logits processors and sampler traced after the logits
         # (toolkit.sampling), their parameters per-call inputs
         self.sampling = sampling
@@ -341,13 +347,31 @@ class PhaseTracer:
         self.layout = StateLayout(self.kv, capacity, kv_quant, rings, probes)
         self.state = {a.name: _zero_cost(a.shape, a.dtype) for a in self.layout.arrays}
 
+    def _caches(self, kw: dict, position, window: int, phase: str, slot) -> list:
+        if not self.slotted:
+            return self.layout.caches(kw, position, window, phase)
+        from dctms.toolkit.slots import RowsKVCache, SlotKVCache
+
+        pairs = [(kw[f"kv.{i}.keys"], kw[f"kv.{i}.values"]) for i in range(self.num_layers)]
+        if slot is None:  # decode: ``position`` holds one position per row
+            return [RowsKVCache(k, v, position, window) for k, v in pairs]
+        return [SlotKVCache(k, v, position, window, slot) for k, v in pairs]
+
     def _step(
-        self, tokens, position, last_index, window: int, kw: dict, phase: str, sampling=None
+        self,
+        tokens,
+        position,
+        last_index,
+        window: int,
+        kw: dict,
+        phase: str,
+        sampling=None,
+        slot=None,
     ) -> tuple:
         """``sampling``: the sampling inputs by name (``toolkit.sampling``), or None: greedy."""
         model = self.model
         model.update(tree_unflatten([(k, kw[k]) for k in self.params]))
-        caches = self.layout.caches(kw, position, window, phase)
+        caches = self._caches(kw, position, window, phase, slot)
         if last_index is None:
             logits = model(tokens, cache=caches)[:, -1, :]
         else:
@@ -368,13 +392,16 @@ class PhaseTracer:
         "prefill_start" for a quantised cache's first call (see ``toolkit.caches``)."""
 
         def fn(tokens_, position, last_index, *rest, **kw):
+            slot, rest = (rest[0], rest[1:]) if self.slotted else (None, rest)
             chosen = self._sampling_inputs(rest)
-            return self._step(tokens_, position, last_index, window, kw, name, chosen)
+            return self._step(tokens_, position, last_index, window, kw, name, chosen, slot)
 
         feeds = {
-            "tokens": mx.zeros((self.batch, tokens), mx.int32),
+            # a batched plan prefills one sequence at a time, into its slot
+            "tokens": mx.zeros((1 if self.slotted else self.batch, tokens), mx.int32),
             "position": mx.array(0, mx.int32),
             "last_index": mx.array(0, mx.int32),
+            **({"slot": mx.array(0, mx.int32)} if self.slotted else {}),
             **self._sampling_feeds(),
         }
         state = self._state_for(name)
@@ -382,18 +409,26 @@ class PhaseTracer:
         phase = _export(name, tokens, fn, feeds, self.weights, state, names)
         return self._with_paths(phase, fn, feeds, state) if paths else phase
 
-    def decode(self, window: int, name: str = "decode", paths: bool = False) -> TracedPhase:
+    def decode(
+        self, window: int, name: str = "decode", paths: bool = False, rows: int | None = None
+    ) -> TracedPhase:
         """One token at ``position``: the previous step's next_token (shape [batch], uint32) is fed
         back as it is, so the runner can build step t+1 while step t still computes (as mlx-lm's
-        generate_step does)."""
+        generate_step does). A batched plan's decode advances ``rows`` slots (default: all), each
+        at its own entry of ``positions``."""
+        rows = self.batch if rows is None else rows
 
         def fn(tokens_, position, *rest, **kw):
             chosen = self._sampling_inputs(rest)
             return self._step(tokens_[:, None], position, None, window, kw, name, chosen)
 
+        if self.slotted:
+            where = {"positions": mx.zeros((rows,), mx.int32)}
+        else:
+            where = {"position": mx.array(0, mx.int32)}
         feeds = {
-            "tokens": mx.zeros((self.batch,), mx.uint32),
-            "position": mx.array(0, mx.int32),
+            "tokens": mx.zeros((rows,), mx.uint32),
+            **where,
             **self._sampling_feeds(),
         }
         state = self._state_for(name)
@@ -531,9 +566,10 @@ def _export(
     weights: dict[str, mx.array],
     state: dict[str, mx.array],
     state_order: list[str] | int,
+    results: tuple[str, ...] = ("next_token",),
 ) -> TracedPhase:
     """One ``mx.export_function`` of ``fn``; ``state_order``: the names of the state outputs after
-    ``next_token`` (a number of layers: ``kv.<i>.keys``, ``kv.<i>.values`` each)."""
+    ``results`` (a number of layers: ``kv.<i>.keys``, ``kv.<i>.values`` each)."""
     if isinstance(state_order, int):
         state_order = [f"kv.{i}.{p}" for i in range(state_order) for p in ("keys", "values")]
     events: list[dict] = []
@@ -543,11 +579,16 @@ def _export(
         raise
     except Exception as err:
         raise DctmsError(f"not supported yet: tracing the {name} graph failed: {err}") from None
-    return _phase_from_events(name, tokens, list(graph_inputs), events, state_order)
+    return _phase_from_events(name, tokens, list(graph_inputs), events, state_order, results)
 
 
 def _phase_from_events(
-    name: str, tokens: int, input_names: list[str], events: list[dict], state_order: list[str]
+    name: str,
+    tokens: int,
+    input_names: list[str],
+    events: list[dict],
+    state_order: list[str],
+    results: tuple[str, ...] = ("next_token",),
 ) -> TracedPhase:
     tensors: dict[str, TracedTensor] = {}
 
@@ -574,7 +615,7 @@ def _phase_from_events(
                 inputs.append(TracedBinding(tid, bkind, key, t.shape, t.dtype))
         elif kind == "outputs":
             note(ev["outputs"])
-            names = ["next_token", *state_order]
+            names = [*results, *state_order]
             for (tid, shape, dtype), oname in zip(ev["outputs"], names, strict=True):
                 okind = "state" if oname.startswith("kv.") else "output"
                 outputs.append(TracedBinding(tid, okind, oname, tuple(shape), dtype_name(dtype)))

@@ -30,6 +30,7 @@ from dctms.tui.screens.lifetimes import LifetimesScreen
 from dctms.tui.screens.memory import MemoryScreen
 from dctms.tui.screens.ops import OpsScreen
 from dctms.tui.screens.overview import OverviewScreen
+from dctms.tui.screens.pool import PoolScreen
 from dctms.tui.screens.schedule import ScheduleScreen
 from dctms.tui.state import Inspection
 
@@ -41,6 +42,7 @@ SCREEN_ORDER: tuple[type[InspectorScreen], ...] = (
     BuffersScreen,
     ScheduleScreen,
     OpsScreen,
+    PoolScreen,
     DiffScreen,
 )
 
@@ -245,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dctms-tui",
         description=(
             "Inspect a dctms plan in the terminal: envelope, memory curve, lifetimes, buffers, "
-            "schedule, ops. With two plans (OLD NEW) it opens on what changed between them. "
+            "schedule, ops, the prompt-prefix pool (with --run, over a recorded run). With two "
+            "plans (OLD NEW) it opens on what changed between them. "
             "With the folder of rank plans dctms compile --ranks wrote, the Overview lists every "
             "rank and r / R shows the next / previous rank's plan on every screen. "
             "An invalid plan is refused with one line on stderr and exit status 2."
@@ -263,6 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="screen to open on (default: overview; diff when two plans are given)",
     )
     parser.add_argument(
+        "--run",
+        metavar="REPORT",
+        help=(
+            "the report of `dctms run PLAN --conversation FILE --report REPORT`: the Pool screen "
+            "draws the plan's prefix pool over that run (blocks, owners, hits, evictions)"
+        ),
+    )
+    parser.add_argument(
         "--exit-after-paint",
         action="store_true",
         help="draw the first screen without a terminal, print the seconds from process start, exit",
@@ -277,13 +288,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give one PLAN, or OLD NEW to compare two plans")
     if args.screen == "diff" and len(args.plans) != 2:
         parser.error("--screen diff needs two plans: OLD NEW")
-    ranks = None
+    if args.run is not None and (len(args.plans) != 1 or Path(args.plans[0]).is_dir()):
+        parser.error("--run draws one plan's prefix pool: give one plan file")
+    ranks, pool_run = None, None
     try:
         if len(args.plans) == 1 and Path(args.plans[0]).is_dir():  # compile --ranks's folder
             ranks = read_rank_plans(args.plans[0])
             plans = ranks[:1]
         else:
             plans = [read_plan(path) for path in args.plans]
+        if args.run is not None:
+            from dctms.figures.prefix_run import read_pool_run
+
+            pool_run = read_pool_run(args.run, plans[0], Path(args.plans[0]).name)
     except DctmsError as err:
         print(f"dctms-tui: {err}", file=sys.stderr)
         return err.exit_code
@@ -292,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     elif len(plans) == 2:
         inspection = Inspection(plans[1], args.plans[1], old=plans[0], old_path=args.plans[0])
     else:
-        inspection = Inspection(plans[0], args.plans[0])
+        inspection = Inspection(plans[0], args.plans[0], pool_run=pool_run)
     app = InspectorApp(inspection, screen=args.screen, exit_after_paint=args.exit_after_paint)
     try:
         app.run(headless=args.exit_after_paint)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dctms.figures.prefix_run import PoolRun
 from dctms.schema.types import Plan
 from dctms.tui.data import PlanLookup
 
@@ -22,6 +23,7 @@ class Inspection:
     old_path: str | None = None
     ranks: list[Plan] | None = None
     rank: int = 0
+    pool_run: PoolRun | None = None  # the prefix pool over a recorded run (dctms-tui --run)
     index: PlanLookup = field(init=False)
 
     def __post_init__(self) -> None:

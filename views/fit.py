@@ -181,8 +181,8 @@ def fit_text(summary: dict[str, Any], model: str, cap_reason: str) -> str:
         ("intermediate", env["intermediate"]),
         ("runtime", env["runtime"]),
         ("total = M_max", env["total"]),
-        ("budget", budget),
-        ("free = M_free", env["free"]),
+        ("device", budget),
+        ("free", env["free"]),
     ]
     lines += [
         "",

@@ -8,7 +8,7 @@ from dctms.schema.types import Plan
 
 
 def rank_table(plans: list[Plan], observed: dict[int, dict] | None = None) -> str:
-    """One line per rank (MiB): layers, weights, KV, arena, provable M_max, M_max; after a run,
+    """One line per rank (MiB): layers, weights, KV, arena, provable peak, M_max; after a run,
     the MLX and RSS peaks each rank observed."""
     head = (
         f"{'rank':>4} {'layers':>8} {'weights':>10} {'kv':>8} {'arena':>8} "

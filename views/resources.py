@@ -27,9 +27,12 @@ def _who(res: Resources) -> str:
 
 
 def _comments(res: Resources, mark: str) -> list[str]:
-    lines = [f"{mark} memory for {_who(res)}: the pool's M_max, rounded up to whole MiB"]
+    lines = [
+        f"{mark} memory for {_who(res)}: the pool's M_max and the runner's recorded graphs, "
+        "rounded up to whole MiB"
+    ]
     lines += [f"{mark}   {t.name:<17}{t.bytes:>16,} B  {t.why}" for t in res.terms]
-    lines.append(f"{mark}   {'M_max':<17}{res.total:>16,} B")
+    lines.append(f"{mark}   {'total':<17}{res.total:>16,} B")
     return lines
 
 
@@ -37,7 +40,7 @@ def _text(res: Resources) -> str:
     rows = [f"{'term':<18}{'bytes':>16}{'MiB':>12}  source", ]
     rows += [f"{t.name:<18}{t.bytes:>16,}{t.bytes / MIB:>12,.2f}  {t.why}" for t in res.terms]
     rows += [
-        f"{'M_max':<18}{res.total:>16,}{res.total / MIB:>12,.2f}",
+        f"{'total':<18}{res.total:>16,}{res.total / MIB:>12,.2f}",
         "",
         f"memory request = limit: {res.limit_mib:,} MiB ({res.limit:,} bytes) for {_who(res)}",
         "(--format k8s|compose|systemd prints it as a deployment stanza)",
@@ -84,7 +87,7 @@ def _json(res: Resources) -> str:
         "plans": list(res.plans),
         "serving": res.serving,
         "terms": [{"name": t.name, "bytes": t.bytes, "source": t.why} for t in res.terms],
-        "m_max_bytes": res.total,
+        "total_bytes": res.total,
         "limit_bytes": res.limit,
         "limit_mib": res.limit_mib,
         "request_bytes": res.limit,

@@ -40,11 +40,28 @@ def show_text(plan: Plan) -> str:
 
 def _header(plan: Plan) -> str:
     h = header(plan)
-    return (
+    model = plan.target.memory_model
+    target = h.backend if model is None else f"{model.name} ({h.backend} backend,"
+    text = (
         f"plan: {h.architecture}, {h.num_layers} layers, {h.weight_tensors} weight tensors, "
-        f"target {h.backend} (alignment {h.alignment})\n"
+        f"target {target}{' (' if model is None else ' '}alignment {h.alignment})\n"
         f"schema v{h.schema_version}; compiled by {h.generator}"
     )
+    return text if model is None else text + "\n" + memory_model_text(plan)
+
+
+def memory_model_text(plan: Plan) -> str:
+    """A GPU target's allocator model, said plainly to be modelled from source, not measured."""
+    m = plan.target.memory_model
+    assert m is not None
+    lines = [
+        f"memory model: {m.name}, modelled from MLX {m.mlx}'s allocator source, not measured "
+        f"(pages of {m.page_bytes:,} B; command buffers of {m.ops_per_buffer} kernel ops, "
+        f"{m.active_tasks} outstanding: lifetimes widened by {plan.target.run_ahead_dispatches} "
+        "kernel ops)"
+    ]
+    lines += [f"  not modelled: {what}" for what in m.not_modelled]
+    return "\n".join(lines)
 
 
 def _bounds(plan: Plan) -> str:
@@ -64,14 +81,14 @@ def _models(plan: Plan) -> str:
     lines = [
         speculative_line(plan),
         f"  {'model':<8} {'architecture':<14} {'layers':>6} {'weights':>14} {'kv':>12} "
-        f"{'persistent':>11} {'intermediate':>13} {'MiB':>10}",
+        f"{'persistent':>11} {'intermediate':>13} {'provable peak MiB':>18}",
     ]
     for r in model_part_rows(plan):
         arch = r.architecture if r.model != "plan" else "sum; max"
         layers = str(r.num_layers) if r.model != "plan" else ""
         lines.append(
             f"  {r.model:<8} {arch:<14} {layers:>6} {r.weights:>14,} {r.kv:>12,} "
-            f"{r.persistent:>11,} {r.intermediate:>13,} {r.provable / MIB:>10.2f}"
+            f"{r.persistent:>11,} {r.intermediate:>13,} {r.provable / MIB:>18.2f}"
         )
     lines.append(f"  ({PARTS_RULE})")
     return "\n".join(lines)

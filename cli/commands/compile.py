@@ -75,17 +75,26 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.cli.compile_options import plan_kind
     from dctms.schema.io import encode_plan
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.plan_kinds import compile_kind
+    from dctms.toolkit.kinds.dispatch import compile_kind
 
     progress = progress_printer(args)
     opts = compile_options(args, args.input_tokens, args.output_tokens)
     plan = compile_kind(open_model(args.model), opts, plan_kind(args), progress)
     plan = with_hub(plan, getattr(args, "hub", {}).get("model"))
+    if shortfall(plan.envelope) and plan.bounds.prefix_blocks > 0:
+        # bad input, like --batch 0: nothing is written (reserve_output removes the reservation)
+        raise DctmsError(pool_over_budget(plan))
+    if plan.bounds.batch > 1 and shortfall(plan.envelope):
+        raise DctmsError(batch_over_budget(plan))
     if target is not None:
         target.write(encode_plan(plan))
     else:
         sys.stdout.buffer.write(encode_plan(plan))
         sys.stdout.flush()
+    if not args.quiet and plan.target.memory_model is not None:
+        from dctms.toolkit.targets import compile_note
+
+        print(f"dctms compile: {compile_note(plan.target.memory_model.name)}", file=sys.stderr)
     if not args.quiet:  # whatever stdout is: the plan's one figure and where it went
         print(summary_line(plan, "the plan to stdout" if target is None else args.output), file=sys.stderr)
     short = shortfall(plan.envelope)
@@ -93,6 +102,47 @@ def _run(args: argparse.Namespace, target) -> int:
         print(f"dctms compile: {short}", file=sys.stderr)
         return 1
     return 0
+
+
+def pool_over_budget(plan) -> str:
+    """A prefix pool beyond the ``--memory`` budget, and the largest that fits (the pool is state
+    of its own: the other terms do not depend on it)."""
+    env, k = plan.envelope, plan.bounds.prefix_blocks
+    pool = sum(s.bytes for s in plan.state if s.name.endswith(".pool"))
+    per_block = pool // k
+    rest = env.total - pool
+    fits = (env.device - rest) // per_block if env.device > rest else 0
+    head = (
+        f"a prefix pool of {k} blocks ({human(pool)}) makes M_max {human(env.total)} "
+        f"({env.total:,} B), beyond the {human(env.device)} ({env.device:,} B) budget"
+    )
+    if fits < 1:
+        return f"{head}; without the pool M_max is {human(rest)}: no block fits"
+    return (
+        f"{head}; the largest pool that fits is --prefix-blocks {min(fits, k - 1)} "
+        f"({human(per_block)} per block)"
+    )
+
+
+def batch_over_budget(plan) -> str:
+    """``--batch B`` beyond the ``--memory`` budget, and the largest B that fits. Fewer slots
+    shrink the KV state by one slot each and never grow the phases' arenas (a decode step of fewer
+    rows is smaller), so the figure keeps this plan's other terms: a plan at that B fits."""
+    env, b = plan.envelope, plan.bounds.batch
+    per_slot = env.kv // b
+    fixed = env.total - env.kv
+    fits = (env.device - fixed) // per_slot if per_slot and env.device > fixed else 0
+    fits = min(fits, b - 1)
+    head = (
+        f"--batch {b} needs M_max {human(env.total)} ({env.total:,} B), beyond the "
+        f"{human(env.device)} ({env.device:,} B) budget"
+    )
+    if fits < 1:
+        return f"{head}; not even one slot fits (each holds {human(per_slot)} of KV)"
+    return (
+        f"{head}; the largest batch that fits is --batch {fits} "
+        f"(at most {human(fixed + fits * per_slot)}; {human(per_slot)} of KV per slot)"
+    )
 
 
 def summary_line(plan, written: str) -> str:

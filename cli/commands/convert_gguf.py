@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dctms.toolkit.gguf import convert_gguf
+    from dctms.convert.gguf import convert_gguf
 
     progress = progress_printer(args)
 

@@ -41,7 +41,7 @@ def say(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dctms.toolkit.real_model import FetchError, prepare, real_model
+    from dctms.convert.real_model import FetchError, prepare, real_model
 
     if args.tiny or args.dir is not None:
         return run_tiny(args)
@@ -82,9 +82,9 @@ def run_real(args: argparse.Namespace, folder: Path, plan_path: Path) -> int:
 
 
 def run_tiny(args: argparse.Namespace) -> int:
+    from dctms.convert.real_model import cache_dir
     from dctms.schema.model_folder import open_model
     from dctms.toolkit.compiler import CompileOptions, compile_plan
-    from dctms.toolkit.real_model import cache_dir
     from dctms.toolkit.tiny_model import DEMO_CONFIG, write_tiny_model
     from dctms.views.show import show_text
 

@@ -128,7 +128,7 @@ def _write(target, plan, args, source, kind) -> None:
     """The plan at the fit, as ``dctms compile`` would write it (with its real-length points)."""
     if target is not None:
         from dctms.schema.io import encode_plan
-        from dctms.toolkit.plan_kinds import compile_kind
+        from dctms.toolkit.kinds.dispatch import compile_kind
 
         b = plan.bounds
         opts = compile_options(
@@ -140,8 +140,8 @@ def _write(target, plan, args, source, kind) -> None:
 def _run(args: argparse.Namespace, target) -> int:
     from dctms.figures.units import human
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.distributed import widest_rank
-    from dctms.toolkit.plan_kinds import compile_kind
+    from dctms.toolkit.kinds.dispatch import compile_kind
+    from dctms.toolkit.kinds.distributed import widest_rank
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
     budget = memory_budget(args)

@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pack(args: argparse.Namespace, source: Path, out: Output | None) -> int:
-    from dctms.toolkit.pack_csv import offsets_csv, parse_csv
-    from dctms.toolkit.pack_solve import solve
+    from dctms.toolkit.pack.csv_io import offsets_csv, parse_csv
+    from dctms.toolkit.pack.solve import solve
 
     ids, problem = parse_csv(_read_text(source), args.file, args.alignment)
     t0, c0 = time.perf_counter(), time.process_time()

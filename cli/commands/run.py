@@ -6,11 +6,10 @@ import argparse
 import sys
 
 from dctms.cli.hf_cache import add_download_flag
+from dctms.cli.run_prompt import prompt_request
+from dctms.cli.run_summary import EXIT_OVER_ENVELOPE, envelope_verdict, length_line, summary
 from dctms.cli.sampling_flags import add_sampling_options
-from dctms.figures.units import MIB
 from dctms.schema.errors import DctmsError
-
-EXIT_OVER_ENVELOPE = 3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +34,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json)")
     src.add_argument("--tokens", metavar="IDS", help="prompt as comma-separated token ids")
+    src.add_argument(
+        "--conversation",
+        metavar="FILE",
+        help='a multi-turn chat, {"system": TEXT, "turns": [TEXT, ...]}: each turn re-sends the '
+        "conversation so far, as a chat client does (a plan compiled with --prefix-blocks "
+        "reuses the earlier turns' prompt from its pool); one JSON line per turn",
+    )
+    src.add_argument(
+        "--batch-prompts",
+        metavar="FILE",
+        help="JSON lines, each {\"prompt\": TEXT} or {\"tokens\": [IDS]} (optional "
+        "\"max_tokens\"): run them together in a plan compiled with --batch B; more prompts "
+        "than slots queue for slots; one JSON result per line on stdout",
+    )
     p.add_argument(
         "--image",
         action="append",
@@ -136,9 +149,22 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.runner.session import Session
     from dctms.runner.stops import StopText, finish_reason
     from dctms.schema.model_folder import open_model_folder
+    from dctms.schema.slotted import slotted
 
     plan = load_checked_plan(args.plan)
     model = open_model_folder(args.model)
+    if args.batch_prompts is not None:
+        from dctms.cli.batch_run import run_batch_prompts
+
+        if args.stop or args.draft_model or args.image:
+            raise DctmsError("--batch-prompts takes no --stop, --draft-model or --image")
+        return run_batch_prompts(args, plan, model, target)
+    if args.conversation is not None:
+        from dctms.cli.conversation_run import run_conversation
+
+        if args.stop or args.draft_model or args.image:
+            raise DctmsError("--conversation takes no --stop, --draft-model or --image")
+        return run_conversation(args, plan, model, target)
     _check_stops(args, plan)
     if plan.vision is not None or args.image:
         from dctms.cli.run_vision import run_vision
@@ -165,7 +191,10 @@ def _run(args: argparse.Namespace, target) -> int:
             recorded = spec.prerecord([request])  # set-up: reported, not in TTFT
             gen = spec.generate(request)
         else:
-            session = Session(plan, model, verify_hashes=args.verify_weights)
+            kind = Session
+            if slotted(plan.bounds):  # one prompt through a plan in slots: one slot busy
+                from dctms.runner.batch import BatchSession as kind
+            session = kind(plan, model, verify_hashes=args.verify_weights)
             recorded = session.prerecord([request])  # set-up: reported, not in TTFT
             gen = session.generate(request, _until_stop(stops))
     text = None
@@ -228,52 +257,6 @@ def _until_stop(stops):
     return on_token
 
 
-def length_line(max_tokens: int | None, plan_m: int) -> str:
-    """The one stderr line of a run that ended at its token bound, not at a stop."""
-    if max_tokens is not None:
-        return f"stopped at --max-tokens {max_tokens}"
-    return f"stopped at the plan bound M = {plan_m}"
-
-
-def envelope_verdict(report: dict) -> int:
-    """0 when the run stayed within the provable envelope; else one stderr line and exit 3."""
-    if report["within_envelope"]:
-        return 0
-    print(
-        f"dctms run: observed MLX peak {report['observed']['mlx_peak_bytes']} bytes exceeds the "
-        f"plan's provable envelope {report['provable_bytes']} bytes",
-        file=sys.stderr,
-    )
-    return EXIT_OVER_ENVELOPE
-
-
-def prompt_request(args: argparse.Namespace, plan, model):
-    """The validated request (and the tokenizer, when one is used) that the prompt options ask for."""
-    from dctms.cli.sampling_flags import sampling_params
-    from dctms.runner.request import GREEDY, validate_request
-    from dctms.runner.tokenize import Tokenizer, encode_chat, eos_ids, parse_token_list
-
-    if args.prompt is not None:
-        try:
-            args.prompt.encode("utf-8")
-        except UnicodeEncodeError:
-            raise DctmsError("--prompt is not valid UTF-8 text") from None
-    tokenizer = None
-    if args.prompt is not None or (model.path / "tokenizer.json").is_file():
-        tokenizer = Tokenizer(model.path)
-    if args.prompt is None:
-        prompt = parse_token_list(args.tokens)
-    elif args.ignore_chat_template:
-        prompt = tokenizer.encode(args.prompt)
-    else:
-        # As mlx_lm.generate: the chat template with a user message, when the tokenizer has one.
-        prompt = encode_chat(tokenizer, args.prompt, args.system_prompt)
-    max_tokens = args.max_tokens if args.max_tokens is not None else plan.bounds.output_tokens
-    stop = set() if args.ignore_eos else eos_ids(model.path, tokenizer)
-    sampling = sampling_params(args) if hasattr(args, "temp") else GREEDY
-    return validate_request(plan, prompt, max_tokens, stop, sampling), tokenizer
-
-
 def speculative_summary(gen) -> dict:
     """What the draft did in a speculative run (the report's ``speculative`` entry)."""
     return {
@@ -283,45 +266,3 @@ def speculative_summary(gen) -> dict:
         "rounds": gen.rounds,
         "accepted_per_round": gen.round_accepts,
     }
-
-
-def summary(report: dict) -> str:
-    from dctms.runner.blas import BlasInfo
-
-    obs = report["observed"]
-    return "\n".join(
-        [
-            f"generated {len(report['tokens'])} tokens; TTFT {report['ttft_s'] * 1000:.1f} ms; "
-            f"decode {report['tokens_per_s']:.1f} tok/s",
-            f"{'':24}{'bytes':>16}{'MiB':>12}",
-            f"{'provable peak':24}{report['provable_bytes']:>16,}{report['provable_bytes'] / MIB:>12.2f}",
-            f"{'observed MLX peak':24}{obs['mlx_peak_bytes']:>16,}{obs['mlx_peak_bytes'] / MIB:>12.2f}",
-            f"{'M_max':24}{report['envelope']['total']:>16,}"
-            f"{report['envelope']['total'] / MIB:>12.2f}",
-            f"{'observed RSS peak':24}{obs['rss_peak_bytes']:>16,}{obs['rss_peak_bytes'] / MIB:>12.2f}",
-            f"within envelope: {'yes' if report['within_envelope'] else 'NO'} "
-            f"(provable peak / observed = {_ratio(report['envelope_over_observed'])})",
-            f"BLAS: {BlasInfo(**report['blas']).describe()}",
-            *_weights_line(report.get("weights")),
-            *_setup_line(report.get("setup")),
-        ]
-    )
-
-
-def _weights_line(weights: dict | None) -> list[str]:
-    from dctms.runner.weight_arena import ArenaInfo
-
-    return [f"weights: {ArenaInfo(**weights).describe()}"] if weights else []
-
-
-def _setup_line(setup: dict | None) -> list[str]:
-    if not setup:
-        return []
-    return [
-        f"set-up: graphs of {setup['recorded_points']} length points recorded in "
-        f"{setup['record_s']:.2f} s before the first token (not in TTFT)"
-    ]
-
-
-def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"

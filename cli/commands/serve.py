@@ -18,9 +18,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Serve /v1/models, /v1/completions and /v1/chat/completions (streaming or not, greedy) "
             "for every --plan; the request's model name picks the plan. The plans' pool envelope "
             "(`dctms pool`, calls one at a time) must fit --memory or the server does not start. "
-            "Requests run one at a time on one MLX worker thread and queue meanwhile; /status "
-            "(JSON) and /metrics (Prometheus) report the envelope, MLX's observed peak and the "
-            "queue. Only requests whose Host names this server are served (DNS rebinding); POST "
+            "Every MLX call runs on one worker thread: a batch-1 plan's requests one at a time, a "
+            "batched plan's (compile --batch B) up to B at once, each in a slot it takes at a step "
+            "boundary and gives back when it ends; the others queue meanwhile. /status (JSON) and "
+            "/metrics (Prometheus) report the envelope, MLX's observed peak, the queue and, per "
+            "model, its slots. Only requests whose Host names this server are served (DNS rebinding); POST "
             "bodies must be application/json. Needs the `serve` extra: pip install 'dctms[serve]'."
         ),
     )
@@ -40,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=64,
         metavar="N",
-        help="requests that may wait for the worker; more get HTTP 503 (default 64)",
+        help="requests that may wait for the worker or a slot; more get HTTP 503 (default 64)",
     )
     p.add_argument(
         "--api-key",

@@ -1,4 +1,5 @@
-"""``dctms show PLAN [--json]``: bounds, memory envelope, Table 1 figures, arena vs lower bound."""
+"""``dctms show PLAN [--json] [--run REPORT.json]``: bounds, memory envelope, Table 1 figures, arena
+vs lower bound; with ``--run``, the plan's prompt-prefix pool over a recorded run."""
 
 from __future__ import annotations
 
@@ -34,6 +35,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help='print {"envelope": {...}, "stats": {...}, "bounds": {...}} instead (integer bytes)',
     )
+    parser.add_argument(
+        "--run",
+        metavar="REPORT",
+        help=(
+            "also draw the plan's prompt-prefix pool over a recorded run: the JSON report of "
+            "`dctms run PLAN --conversation FILE --report REPORT` (a block map: . free, 1-9 a-z "
+            "the prompt chunk a block holds; per turn the blocks hit, saved and evicted)"
+        ),
+    )
     parser.set_defaults(func=run)
 
 
@@ -42,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if hint is not None:
         raise DctmsError(hint)
     if Path(args.plan).is_dir():  # the rank plans `dctms compile --ranks` wrote
+        if args.run is not None:
+            raise DctmsError("--run draws one plan's prefix pool: give a plan file, not a folder")
         from dctms.schema.ranks import read_rank_plans
         from dctms.views.ranks import rank_table
 
@@ -58,11 +70,39 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write("\n\n".join(t.rstrip("\n") for t in texts) + "\n")
         return 0
     plan = read_plan(args.plan)
+    pool_run = None
+    if args.run is not None:
+        from dctms.figures.prefix_run import read_pool_run
+
+        pool_run = read_pool_run(args.run, plan, Path(args.plan).name)
     if args.json:
-        sys.stdout.write(json.dumps(_summary(plan), indent=2) + "\n")
+        doc = _summary(plan)
+        if pool_run is not None:
+            doc["pool_run"] = _pool_run_json(pool_run)
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    elif pool_run is not None:
+        from dctms.views.prefix_run import pool_run_text
+
+        sys.stdout.write(show_text(plan) + "\n" + pool_run_text(pool_run) + "\n")
     else:
         sys.stdout.write(show_text(plan))
     return 0
+
+
+def _pool_run_json(run) -> dict:
+    """The pool over the run: the final map, totals and one row per turn (maps after each)."""
+    from dctms.figures.prefix_run import block_map, turn_rows
+
+    return {
+        "blocks": run.blocks,
+        "block_tokens": run.block_tokens,
+        "map": block_map(run.table, run.block_tokens),
+        "hit_blocks": run.hit_blocks,
+        "saved_blocks": run.saved_blocks,
+        "evictions": run.evictions,
+        "cached_tokens": run.cached_tokens,
+        "turns": [vars(r) for r in turn_rows(run)],
+    }
 
 
 def _summary(plan) -> dict:

@@ -12,7 +12,11 @@ from dctms.tui.widgets.scroll import PageScroll
 
 KEYS = [
     ("Screens", ""),
-    ("1 … 7", "Overview, Memory, Lifetimes, Buffers, Schedule, Ops, Diff (dctms-tui OLD NEW)"),
+    (
+        "1 … 8",
+        "Overview, Memory, Lifetimes, Buffers, Schedule, Ops, Pool, Diff (dctms-tui OLD NEW)",
+    ),
+    ("7", "Pool: the prompt-prefix pool's blocks; with --run REPORT, owners, hits and evictions"),
     ("tab / shift+tab", "next / previous screen"),
     ("ctrl+p", "command palette: every screen and phase by name"),
     ("p", "next phase (prefill, decode, …) on the per-phase screens"),

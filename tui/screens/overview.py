@@ -1,4 +1,4 @@
-"""Overview: bounds, the envelope bar (M_max, device, M_free), the top findings of ``dctms explain``
+"""Overview: bounds, the envelope bar (M_max, device, free), the top findings of ``dctms explain``
 (from the plan alone: what drives each component, the module behind each peak), Table 1, arena vs
 lower bound, and the plan on its target's roofline (predicted decode tok/s and TTFT)."""
 
@@ -88,7 +88,7 @@ class OverviewScreen(InspectorScreen):
         table.add_column("rank", justify="right")
         table.add_column("layers")
         table.add_column("shard")
-        for name in ("weights", "KV", "M_intermediate", "M_max"):
+        for name in ("weights", "kv", "intermediate", "M_max"):
             table.add_column(f"{name} bytes", justify="right")
         table.add_column("")
         for r in rank_rows(ranks):
@@ -118,7 +118,7 @@ class OverviewScreen(InspectorScreen):
         )
         for name in ("model", "architecture", "layers"):
             table.add_column(name)
-        for name in ("weights", "kv", "persistent", "intermediate", "provable"):
+        for name in ("weights", "kv", "persistent", "intermediate", "provable peak"):
             table.add_column(name, justify="right")
         for r in model_part_rows(plan):
             plan_row = r.model == "plan"

@@ -1,4 +1,5 @@
-"""The memory envelope as one stacked horizontal bar, with M_max, the device budget and M_free."""
+"""The memory envelope as one stacked horizontal bar, with M_max, the device budget and what is
+free of it, labelled as ``dctms show`` labels them (the vocabulary of docs/explanation/envelope.md)."""
 
 from __future__ import annotations
 
@@ -75,15 +76,15 @@ class EnvelopeBar(Widget):
             legend.add_row(
                 Text("■ ", Style(color=COLOURS[name])) + Text(name), exact_bytes(value), share
             )
-        legend.add_row(Text("M_max (total)", Style(bold=True)), exact_bytes(e.total), "100 %")
+        legend.add_row(Text("total = M_max", Style(bold=True)), exact_bytes(e.total), "100 %")
         if e.device is not None:
-            legend.add_row("device budget", exact_bytes(e.device), "")
+            legend.add_row("device", exact_bytes(e.device), "")
         if e.free is not None:
-            verdict = "fits" if e.free >= 0 else "does not fit"
+            fits = e.free >= 0
             legend.add_row(
-                Text(f"M_free ({verdict})", Style(color="green" if e.free >= 0 else "red")),
+                Text("free", Style(color="green" if fits else "red")),
                 exact_bytes(e.free),
-                "",
+                Text("fits" if fits else "does not fit", Style(color="green" if fits else "red")),
             )
         parts_out: list = [bar, marker_line, legend]
         if e.runtime_source:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dctms.toolkit.pack_problem import Problem, Sweep
+from dctms.toolkit.pack.problem import Problem, Sweep
 
 FOUND, INFEASIBLE, BUDGET = "found", "infeasible", "budget"
 _NODE_OVERHEAD = 3000  # the fixed cost of a node (Python and numpy calls) in array elements

@@ -2,11 +2,11 @@
 
 ``solve(problem, seconds)``:
 
-1. greedy best-fit over several orders (``pack_greedy``); an arena equal to the live-bytes lower
+1. greedy best-fit over several orders (``greedy``); an arena equal to the live-bytes lower
    bound is optimal and ends it (the checked-in 7B plan's phases stop here). Its work is capped
    (``greedy_budget``: quadratic with thousands of buffers live at once); when not even the first
-   order fits under the cap, the online allocator (``pack_online``) gives the starting packing;
-2. otherwise the buffers are glued into blocks (``pack_coarsen``: chains across full boundaries,
+   order fits under the cap, the online allocator (``online``) gives the starting packing;
+2. otherwise the buffers are glued into blocks (``coarsen``: chains across full boundaries,
    stacks of equal lifetimes) and, when that shrinks the problem by a tenth or more, the problem
    of the blocks is packed first with up to ``_COARSE_SHARE`` of the budget: greedy, short dives,
    then rounds of short capacity probes (``_ladder``); a rectangle cut into tiles glues back into
@@ -16,7 +16,7 @@
 3. then the problem is split into independent parts (no buffer crosses between them). Short
    bottom-left dives (searches with little room to backtrack) first try to lower each part's top;
    then a search over capacities ``C`` runs, lowest first: every part above ``C`` is searched
-   (``pack_search``) for a packing within ``C``. A part found to fit lowers the arena; a part
+   (``search``) for a packing within ``C``. A part found to fit lowers the arena; a part
    proven not to fit raises the proven lower bound to the next possible arena above ``C``.
    Capacities are probed from the lower bound up, then halving the remaining gap, until the arena
    meets the proven bound (optimal) or the budget is spent (the gap is reported).
@@ -31,14 +31,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dctms.toolkit.pack_coarsen import coarsen
-from dctms.toolkit.pack_greedy import best_fit_within, greedy_orders
-from dctms.toolkit.pack_online import online_best_fit
-from dctms.toolkit.pack_problem import Problem, Sweep, granule, live_max, make_problem, sweep
-from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE, Outcome, PartSearch
-from dctms.toolkit.pack_skyline import ORDERS, fill
+from dctms.toolkit.pack.coarsen import coarsen
+from dctms.toolkit.pack.greedy import best_fit_within, greedy_orders
+from dctms.toolkit.pack.online import online_best_fit
+from dctms.toolkit.pack.problem import Problem, Sweep, granule, live_max, make_problem, sweep
+from dctms.toolkit.pack.search import BUDGET, FOUND, INFEASIBLE, Outcome, PartSearch
+from dctms.toolkit.pack.skyline import ORDERS, fill
 
-# Search work (array elements touched, see pack_search) per CPU second on the development machine.
+# Search work (array elements touched, see search.py) per CPU second on the development machine.
 WORK_PER_SECOND = 100_000_000
 # A greedy order this close to the lower bound ends the greedy pass (the search may still close it).
 GOOD_ENOUGH = 1e-4
@@ -147,7 +147,7 @@ def greedy_budget(budget: int) -> int:
 
 
 def _glued(p: Problem, sw: Sweep, lower: int, budget: int) -> tuple[np.ndarray, int, int] | None:
-    """Offsets, arena and work of packing the blocks ``pack_coarsen`` glues the buffers into
+    """Offsets, arena and work of packing the blocks ``coarsen`` glues the buffers into
     (None when it glues nothing)."""
     glued = coarsen(sw.sec_lo, sw.sec_hi, p.size, p.align, lower)
     if glued.n > _WORTH_GLUING * int((p.size > 0).sum()):
@@ -238,7 +238,7 @@ def _climb(probe, tops: list[int], floor: int, g: int, budget: int, spent: int) 
 def _skyline_ladder(
     p: Problem, sw: Sweep, offsets: np.ndarray, lower: int, budget: int
 ) -> tuple[np.ndarray, int, int]:
-    """``_ladder``'s capacity probes made with the skyline search (``pack_skyline.fill``, both
+    """``_ladder``'s capacity probes made with the skyline search (``skyline.fill``, both
     orders) instead of the branch-and-bound: on glued problems it sometimes fits at once where the
     other does not in seconds (2,000 tiles, seed 14: 1.01 x the optimum in 0.004 s)."""
     offsets = offsets.copy()
@@ -391,7 +391,7 @@ def _dive(p, sw, parts, offsets, tops, g: int, lower: int, budget: int) -> int:
 
 
 def _skyline(p, sw, parts, offsets, tops, lower: int, budget: int) -> tuple[int, bool]:
-    """Fill each part above the lower bound bottom-left within it (``pack_skyline``), cycling
+    """Fill each part above the lower bound bottom-left within it (``skyline``), cycling
     through its orders with a work limit that doubles. Returns the work spent and whether some
     part was proven not to fit in the lower bound."""
     spent = 0

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from dctms.convert.gguf_check import GLOBAL_TENSORS, LAYER_NAME, LAYER_TENSORS, check_llama
+from dctms.convert.gguf_header import read_header
 from dctms.schema.errors import DctmsError
-from dctms.toolkit.gguf_check import GLOBAL_TENSORS, LAYER_NAME, LAYER_TENSORS, check_llama
-from dctms.toolkit.gguf_header import read_header
 
 TENSOR_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 OUT_DTYPES = ("keep", "float32", "float16", "bfloat16")

@@ -2,7 +2,7 @@
 a verified ``Plan`` with a ``vision`` section out.
 
 Same passes as ``toolkit.compiler`` (schedule, lifetimes, assign per phase; envelope; emit; the
-verifier's self-check), over three traced phases (``toolkit.vision_trace``). The phases run one
+verifier's self-check), over three traced phases (``toolkit.vision.trace``). The phases run one
 after another, so M_intermediate is the largest of their arenas; the features table the images
 fill is an input of the vision and prefill phases and is counted with their inputs (persistent).
 """
@@ -34,7 +34,7 @@ from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import ridge_point
 from dctms.toolkit.sanitize import bind_to_stored, stored_sources
 from dctms.toolkit.trace import kv_capacity, max_window
-from dctms.toolkit.vision_families import family_of
+from dctms.toolkit.vision.families import family_of
 
 MAX_IMAGES = 64
 
@@ -65,7 +65,7 @@ def compile_vlm_plan(
     progress: Callable[[str], None] | None = None,
 ) -> Plan:
     """Trace the vision, prefill and decode phases of an mlx-vlm model and plan them together."""
-    from dctms.toolkit.vision_trace import VisionShapes, VisionTracer, build_vlm
+    from dctms.toolkit.vision.trace import VisionShapes, VisionTracer, build_vlm
 
     say = progress or (lambda _msg: None)
     opts = replace(opts, real_lengths=False)  # fixed phases: the runner pads every call

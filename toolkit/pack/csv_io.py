@@ -13,7 +13,7 @@ import io
 import re
 
 from dctms.schema.errors import DctmsError
-from dctms.toolkit.pack_problem import Problem, make_problem
+from dctms.toolkit.pack.problem import Problem, make_problem
 
 REQUIRED = ("id", "start", "end", "size")
 OPTIONAL = ("alignment",)

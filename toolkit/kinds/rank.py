@@ -1,5 +1,7 @@
 """Per-rank tracing: the model as one rank of mlx.distributed runs it, with its collectives as ops.
 
+What the compiler needs to trace one rank; every rank's plan and the split are ``kinds.distributed``'s.
+
 A rank's model is mlx-lm's own: ``model.shard(group)`` (tensor parallel) or
 ``model.model.pipeline(group, split)`` (pipeline parallel), called with a stand-in group that
 answers ``rank()`` and ``size()`` exactly as the launched group will (mlx-lm reads nothing else
@@ -40,7 +42,7 @@ from dctms.toolkit.trace import PhaseTracer, TracedBinding, TracedOp, TracedPhas
 PARALLEL_MODES = ("pipeline", "tensor")
 TAG = "collective."
 COLLECTIVES = ("all_sum", "all_gather", "send", "recv")
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ def split_model(model: nn.Module, spec: RankSpec) -> Rank:
     after = set(dict(tree_flatten(model.parameters())))
     skipped = tuple(sorted(set(before) - after))
     for name in skipped:
-        m = _LAYER.search(name)
+        m = LAYER.search(name)
         if m is None or layers[0] <= int(m.group(1)) < layers[1]:
             raise InternalError(f"internal error: pipeline rank dropped {name} of its own layers")
     return Rank(spec, model, layers, total_layers, split, {}, skipped)
@@ -365,9 +367,11 @@ class RankTracer(PhaseTracer):
             phase = super().prefill(tokens, window, *rest, paths=paths)
         return rewrite_collectives(phase, self.rank.recorder.calls)
 
-    def decode(self, window: int, paths: bool = False) -> TracedPhase:
+    def decode(
+        self, window: int, name: str = "decode", paths: bool = False, rows: int | None = None
+    ) -> TracedPhase:
         with self.rank.recorder.active():
-            phase = super().decode(window, paths=paths)
+            phase = super().decode(window, name=name, paths=paths, rows=rows)
         return rewrite_collectives(phase, self.rank.recorder.calls)
 
 
@@ -480,119 +484,3 @@ def rank_spec(opts) -> RankSpec:
         )
     split = tuple(opts.split) if opts.split is not None else None
     return RankSpec(opts.parallel, opts.ranks, opts.rank, split)
-
-
-# ------------------------------------------------------------------------------------ all ranks
-
-
-def compile_ranks(source, opts, progress=None) -> list[Plan]:
-    """Every rank's plan (``opts.rank`` is ignored), in rank order."""
-    from dctms.toolkit.compiler import compile_plan
-
-    say = progress or (lambda _msg: None)
-    plans = []
-    for r in range(opts.ranks):
-        say(f"compiling rank {r} of {opts.ranks}")
-        plans.append(compile_plan(source, _with(opts, rank=r), progress))
-    return plans
-
-
-def widest_rank(source, opts) -> Plan:
-    """The rank plan with the largest M_max (what a per-rank budget must hold)."""
-    return max(compile_ranks(source, opts), key=lambda p: (p.envelope.total, -p.distributed.rank))
-
-
-def _with(opts, **changes):
-    from dataclasses import replace as dc_replace
-
-    return dc_replace(opts, **changes)
-
-
-@dataclass(frozen=True)
-class SplitChoice:
-    """The pipeline split that minimises the largest per-rank M_max, and how it was found."""
-
-    count: tuple[int, ...]  # the split by layer count (mlx-lm's default)
-    memory: tuple[int, ...]  # the memory-balanced split
-    predicted: tuple[int, ...]  # per-rank M_max the cost model predicts for ``memory``
-    layer_bytes: tuple[int, ...]  # weights + KV of each decoder layer, from the plans
-    fixed_bytes: tuple[int, ...]  # per rank: M_max minus its layers' bytes
-
-
-def layer_costs(plans: list[Plan]) -> tuple[list[int], list[int]]:
-    """From the plans of one split: each layer's bytes (its weights and its KV cache) and each
-    rank's fixed bytes (the rest of its M_max: replicated weights, arena, runtime, ...)."""
-    total = plans[0].model.num_layers
-    per_layer = [0] * total
-    fixed = []
-    for plan in plans:
-        start, end = plan.distributed.layers
-        mine = 0
-        for w in plan.model.weights.tensors:
-            m = _LAYER.search(w.name)
-            if m is not None:
-                per_layer[int(m.group(1))] += w.bytes
-                mine += w.bytes
-        for s in plan.state:
-            m = re.match(r"kv\.(\d+)\.", s.name)
-            if s.kind == "kv" and m is not None:
-                per_layer[start + int(m.group(1))] += s.bytes
-                mine += s.bytes
-        fixed.append(plan.envelope.total - mine)
-    return per_layer, fixed
-
-
-def balanced_split(per_layer: list[int], fixed: list[int]) -> tuple[tuple[int, ...], int]:
-    """The split (layers per rank, rank order) minimising max_r fixed[r] + bytes of its layers.
-    Rank R-1 runs the first layers (mlx-lm splits in reverse). Ties: the earliest in
-    lexicographic order of the split, so the answer is deterministic."""
-    ranks, total = len(fixed), len(per_layer)
-    prefix = [0]
-    for b in per_layer:
-        prefix.append(prefix[-1] + b)
-    # best[r][k]: (worst, split of ranks r..R-1) when ranks r..R-1 hold the first k layers.
-    memo: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
-
-    def best(r: int, k: int) -> tuple[int, tuple[int, ...]]:
-        # rank r holds layers [k - n, k) for some n; ranks r+1.. hold the first k - n.
-        if (r, k) in memo:
-            return memo[r, k]
-        if r == ranks - 1:
-            found = (fixed[r] + prefix[k], (k,))
-        else:
-            options = []
-            for n in range(1, k - (ranks - 1 - r) + 1):
-                worst, rest = best(r + 1, k - n)
-                options.append((max(worst, fixed[r] + prefix[k] - prefix[k - n]), (n, *rest)))
-            found = min(options)
-        memo[r, k] = found
-        return found
-
-    worst, split = best(0, total)
-    return split, worst
-
-
-def choose_split(source, opts, progress=None) -> tuple[SplitChoice, list[Plan]]:
-    """Compile the count split, derive the layer and rank costs from its plans, pick the split
-    that minimises the largest per-rank M_max, and compile that one too (its plans are returned:
-    their M_max is measured, not predicted)."""
-    count_plans = compile_ranks(source, _with(opts, split=None), progress)
-    per_layer, fixed = layer_costs(count_plans)
-    split, worst = balanced_split(per_layer, fixed)
-    count = tuple(count_plans[0].distributed.split)
-    if max(predict(count, per_layer, fixed)) <= worst:
-        split = count  # a tie keeps mlx-lm's default
-    predicted = predict(split, per_layer, fixed)
-    choice = SplitChoice(count, split, predicted, tuple(per_layer), tuple(fixed))
-    if split == count:
-        return choice, count_plans
-    return choice, compile_ranks(source, _with(opts, split=split), progress)
-
-
-def predict(split, per_layer: list[int], fixed: list[int]) -> tuple[int, ...]:
-    """Per-rank M_max the cost model gives a split (rank R-1 holds the first layers)."""
-    out, start = [], sum(split)
-    for r, n in enumerate(split):
-        start -= n
-        out.append(fixed[r] + sum(per_layer[start : start + n]))
-    return tuple(out)

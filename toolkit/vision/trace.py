@@ -37,7 +37,7 @@ from dctms.toolkit.trace import (
     _zero_cost,
     cast_floating,
 )
-from dctms.toolkit.vision_families import VisionFamily, family_of
+from dctms.toolkit.vision.families import VisionFamily, family_of
 
 
 def build_vlm(config: dict, dtype: str) -> nn.Module:

@@ -123,7 +123,7 @@ def prepare(
     quiet: bool = False,
 ) -> Path:
     """The converted model folder: from the cache, else fetched, extracted and converted."""
-    from dctms.toolkit.gguf import convert_gguf
+    from dctms.convert.gguf import convert_gguf
 
     folder = model.folder(dtype)
     if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():

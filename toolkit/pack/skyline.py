@@ -1,6 +1,6 @@
 """Skyline search: fill a part of a packing problem bottom-left, one valley at a time.
 
-Time is cut into sections (``pack_problem.Sweep``); the *skyline* is, per section, the height below
+Time is cut into sections (``problem.Sweep``); the *skyline* is, per section, the height below
 which every byte is taken (by a placed buffer) or given up (waste). A *valley* is a flat run of
 sections ``[t0, t1)`` at height ``y`` whose neighbours are both higher (or the part ends there). A
 buffer covering the valley's left end cannot reach into the higher section before it nor below
@@ -17,10 +17,10 @@ With no slack anywhere (the capacity equals the bytes live in every section, as 
 meets the lower bound), a node never wastes and the branching above is exhaustive: a search that
 runs out of branches proves the part cannot fit (``INFEASIBLE``). With slack, giving up a whole
 valley is only one of the ways waste can fall, so an exhausted search proves nothing
-(``EXHAUSTED``): the search then serves as a constructive heuristic, and ``pack_search``'s
+(``EXHAUSTED``): the search then serves as a constructive heuristic, and ``search``'s
 branch-and-bound does the proving.
 
-The work is counted (Python statements, reported in ``pack_search``'s units) against a budget, so a
+The work is counted (Python statements, reported in ``search``'s units) against a budget, so a
 budget always ends at the same node.
 """
 
@@ -30,15 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dctms.toolkit.pack_search import BUDGET, FOUND, INFEASIBLE
+from dctms.toolkit.pack.search import BUDGET, FOUND, INFEASIBLE
 
 # How the buffers starting at a point are tried, in the order the solver cycles through them.
 ORDERS = ("largest", "area")
 EXHAUSTED = "exhausted"  # no packing found, but the search was not exhaustive: no proof
 # Work is counted in Python statements (a node costs about 40, besides its scans; C-level scans
 # such as min, index and slices cost about 1/16 of one per element), then reported in
-# pack_search's units: one statement here is about 12 of its array elements (measured: 7-10 M
-# statements per CPU second against pack_search's 100 M elements).
+# search.py's units: one statement here is about 12 of its array elements (measured: 7-10 M
+# statements per CPU second against search.py's 100 M elements).
 _NODE_WORK = 40
 _SCAN_DIVISOR = 16
 _UNIT = 12

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dctms.toolkit.pack_problem import Problem, Sweep
+from dctms.toolkit.pack.problem import Problem, Sweep
 
 _BUCKET = 64  # ranks per bucket of the overlap index
 _NO_FIT = np.iinfo(np.int64).max

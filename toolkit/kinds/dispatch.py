@@ -56,14 +56,16 @@ def compile_kind(
         )
     if opts.sampling and kind is not TEXT and kind.name != "text":
         raise DctmsError(f"--sampling is not supported for {kind.name} plans yet")
+    if opts.target not in (None, "cpu") and kind.name != "text":
+        raise DctmsError(f"--target {opts.target} is not supported for {kind.name} plans yet")
     if kind.images is not None:
-        from dctms.toolkit.vision_compile import VisionOptions, compile_vlm_plan
+        from dctms.toolkit.vision.compiler import VisionOptions, compile_vlm_plan
 
         i = kind.images
         vision = VisionOptions(i.images, i.height, i.width, overlap=i.overlap)
         return compile_vlm_plan(source, opts, vision, progress)
     if kind.draft is not None:
-        from dctms.toolkit.speculative import compile_speculative
+        from dctms.toolkit.kinds.speculative import compile_speculative
 
         return compile_speculative(source, kind.draft, opts, kind.num_draft, progress)
     return compile_plan(source, opts, progress)

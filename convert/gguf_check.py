@@ -14,8 +14,7 @@ import math
 import re
 from pathlib import Path
 
-from dctms.schema.errors import DctmsError
-from dctms.toolkit.gguf_header import (
+from dctms.convert.gguf_header import (
     ARRAY,
     BOOL,
     F64,
@@ -26,6 +25,7 @@ from dctms.toolkit.gguf_header import (
     GgufTensor,
     GgufValue,
 )
+from dctms.schema.errors import DctmsError
 
 ARCHITECTURES = ("llama",)
 MAX_CONTEXT = 2**31 - 1  # positions are int32 in MLX

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from dctms.toolkit.pack_problem import Problem, make_problem
+from dctms.toolkit.pack.problem import Problem, make_problem
 
 
 def tiles(

@@ -3,7 +3,7 @@ best-fitting hole of the address space at that moment (the holes the buffers sti
 
 One pass over the 2n events with the holes kept sorted by size and by address, so its cost is
 n log n plus the shifting of those lists, however many buffers are live together: the fallback
-when greedy best-fit (``pack_greedy``), which examines every placed buffer a placement may
+when greedy best-fit (``greedy``), which examines every placed buffer a placement may
 overlap, would cost more than the budget allows (40,000 buffers live at once). It cannot see
 ahead, so its arena is usually above greedy best-fit's; the search may lower it after.
 """
@@ -15,7 +15,7 @@ import heapq
 
 import numpy as np
 
-from dctms.toolkit.pack_problem import Problem
+from dctms.toolkit.pack.problem import Problem
 
 # Holes smaller than size + align - 1 tried (smallest first) before the smallest one that surely
 # holds the buffer: an alignment may make such a hole useless, and there may be many of them.

@@ -1,0 +1,305 @@
+"""A batched plan's run: B slots, sequences joining and leaving at step boundaries.
+
+A batched plan (``bounds.batch`` B > 1, ``toolkit.slots``) holds B slots of N + M positions in one
+static KV state. ``BatchSession`` keeps a queue of requests and a slot table and advances them in
+*iterations*; each is, in order:
+
+1. admit: a waiting request takes the lowest free slot (the decode step then covers the fewest rows);
+2. prefill: one ``prefill_chunk`` of one joining sequence into its slot (a joining prompt is
+   prefilled chunk by chunk *between* decode steps, so the sequences already generating wait for
+   one chunk at most per step); its last chunk yields the sequence's first token;
+3. decode: one step of the first ``rows`` slots, each busy row at its own position; a row that is
+   free or still prefilling is fed token 0 at the spare last position (``kv_capacity - 1``), which
+   no attention window reaches, so it disturbs nothing.
+
+Every call runs at a verified length point (``runner.lengths``), so the plan's envelope holds
+whatever the mix of busy slots and positions; the observed MLX peak is checked against the provable
+envelope after every call. A sequence leaves its slot at a stop token, ``max_tokens``, or when its
+``on_token`` callback returns False (a client that went away).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from dctms.runner.execute import PhaseProgram
+from dctms.runner.prefix_cache import PrefixIndex
+from dctms.runner.prerecord import prefill_chunks
+from dctms.runner.request import Request
+from dctms.runner.session import Generation, Prerecorded, Session
+from dctms.schema.errors import DctmsError
+from dctms.schema.model_folder import ModelFolder
+from dctms.schema.slotted import slotted
+from dctms.schema.types import Plan
+
+OnToken = Callable[[int], bool]
+
+
+class EnvelopeExceeded(DctmsError):
+    """MLX's observed peak went above the plan's provable envelope (a compiler bug to report)."""
+
+
+@dataclass
+class Sequence:
+    """One request in the batch: where it is and what it generated."""
+
+    request: Request
+    on_token: OnToken | None = None
+    slot: int = -1
+    prefilled: int = 0  # prompt tokens written into the slot so far
+    cached: int = 0  # of those, loaded from the prefix pool instead of prefilled
+    position: int = 0  # the position the next decode step writes
+    last: int = 0  # the last generated token: the next decode step's input
+    generation: Generation = field(default_factory=lambda: Generation([], 0.0))
+    submitted: float = field(default_factory=time.perf_counter)
+    stepped: float = 0.0  # when its latest token was read
+    done: bool = False
+    finish: str = ""  # "stop", "length" or "cancelled"
+
+    @property
+    def decoding(self) -> bool:
+        return self.slot >= 0 and not self.done and self.prefilled == len(self.request.prompt)
+
+
+@dataclass
+class BatchStats:
+    iterations: int = 0
+    prefill_calls: int = 0
+    decode_steps: int = 0
+    rows_computed: int = 0  # rows the decode steps ran (busy or not)
+    rows_busy: int = 0  # of those, rows that generated a token
+    single_steps: int = 0  # decode steps of slot 0 alone (the one-row phase)
+    peak_observed: int = 0  # the largest observed MLX peak after any call
+
+
+class BatchSession(Session):
+    """Weights, the B-slot state and the two phase programs, allocated once; requests queue for
+    slots (``submit``) and advance together (``iterate``, ``run_all``)."""
+
+    BATCHED = True
+
+    def __init__(self, plan: Plan, model: ModelFolder, verify_hashes: bool = False):
+        if not slotted(plan.bounds):
+            raise DctmsError("a batch-1 plan: run it with a Session (`dctms run PLAN`)")
+        super().__init__(plan, model, verify_hashes)
+        self.slots: list[Sequence | None] = [None] * plan.bounds.batch
+        self.waiting: deque[Sequence] = deque()
+        self.spare = plan.bounds.kv_capacity - 1  # where a row without a sequence writes
+        phases = {p.name: p for p in plan.phases}
+        # slot 0 alone (one client): a one-row step, as cheap as a batch-1 plan's
+        self.decode_one = PhaseProgram(phases["decode_one"]) if "decode_one" in phases else None
+        # the prompt-prefix pool (toolkit.prefix_pool), when the plan has one
+        self.prefix = None
+        if plan.bounds.prefix_blocks > 0:
+            self.prefix = PrefixIndex(plan.bounds.prefix_blocks, plan.bounds.prefill_chunk)
+            self.save_block = PhaseProgram(phases["save_block"])
+            self.load_block = PhaseProgram(phases["load_block"])
+        self.stats = BatchStats()
+
+    # ------------------------------------------------------------------------------- queueing
+
+    def submit(self, request: Request, on_token: OnToken | None = None) -> Sequence:
+        """Queue ``request``; it takes a slot at the next iteration that has one free."""
+        if request.plan is not self.plan:
+            raise ValueError("the request was validated for another plan")
+        seq = Sequence(request, on_token)
+        self.waiting.append(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """End ``seq`` now (a client that went away): its slot is free for the next iteration."""
+        if not seq.done:
+            self._finish(seq, "cancelled")
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+
+    @property
+    def busy(self) -> int:
+        return sum(s is not None for s in self.slots)
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and self.busy == 0
+
+    # ------------------------------------------------------------------------------- iterations
+
+    def iterate(self) -> list[Sequence]:
+        """One iteration (admit, one prefill chunk, one decode step); the sequences that ended."""
+        self.stats.iterations += 1
+        self._admit()
+        ended: list[Sequence] = []
+        joining = next(
+            (s for s in self.slots if s is not None and s.prefilled < len(s.request.prompt)), None
+        )
+        if joining is not None:
+            self._prefill_chunk(joining)
+            if joining.done:
+                ended.append(joining)
+        decoding = [s for s in self.slots if s is not None and s.decoding]
+        if decoding:
+            ended += self._decode_step(decoding)
+        for seq in ended:
+            if 0 <= seq.slot < len(self.slots) and self.slots[seq.slot] is seq:
+                self.slots[seq.slot] = None
+        return ended
+
+    def run_all(self) -> None:
+        """Iterate until every submitted request has ended."""
+        while not self.idle:
+            self.iterate()
+
+    def _admit(self) -> None:
+        for i, held in enumerate(self.slots):
+            if held is not None and held.done:  # cancelled between iterations
+                self.slots[i] = None
+        while self.waiting and None in self.slots:
+            seq = self.waiting.popleft()
+            if seq.done:
+                continue
+            seq.slot = self.slots.index(None)
+            self.slots[seq.slot] = seq
+            if self.prefix is not None:
+                for position, block in self.prefix.lookup(seq.request.prompt):
+                    self._copy_block(self.load_block, seq.slot, position, block)
+                    seq.prefilled = seq.cached = position + self.chunk
+                seq.generation.cached_tokens = seq.cached
+
+    def _prefill_chunk(self, seq: Sequence) -> None:
+        prompt = seq.request.prompt
+        chunk = next(
+            c
+            for c in prefill_chunks(self.prefill.lengths, self.chunk, len(prompt))
+            if c.start == seq.prefilled
+        )
+        piece = list(prompt[chunk.start : chunk.start + chunk.length])
+        out = self.prefill.run(
+            {
+                "tokens": mx.array([piece + [0] * (chunk.tokens - chunk.length)], dtype=mx.int32),
+                "position": mx.array(chunk.start, dtype=mx.int32),
+                "last_index": mx.array(chunk.length - 1, dtype=mx.int32),
+                "slot": mx.array(seq.slot, dtype=mx.int32),
+            },
+            self.weights,
+            self.state,
+            wait=False,
+            point=chunk.point,
+        )
+        mx.eval(out["next_token"])
+        self._check_peak()
+        self.stats.prefill_calls += 1
+        seq.prefilled += chunk.length
+        if seq.prefilled < len(prompt):
+            return
+        token = int(out["next_token"].item())
+        if self.prefix is not None:  # keep the prompt's whole chunks for later requests
+            for position, block in self.prefix.to_save(prompt):
+                self._copy_block(self.save_block, seq.slot, position, block)
+        now = time.perf_counter()
+        seq.generation.ttft_s = now - seq.submitted
+        seq.stepped = now
+        seq.position = len(prompt)
+        self._emit(seq, token)
+
+    def _decode_step(self, decoding: list[Sequence]) -> list[Sequence]:
+        need_rows = max(s.slot for s in decoding) + 1
+        need_window = max(s.position for s in decoding) + 1
+        program = self.decode_one if need_rows == 1 and self.decode_one else self.decode
+        point = program.lengths.pick({"rows": need_rows, "window": need_window})
+        rows = program.lengths.value(
+            point, "rows", 1 if program is self.decode_one else self.plan.bounds.batch
+        )
+        tokens, positions = [0] * rows, [self.spare] * rows
+        for s in decoding:
+            tokens[s.slot], positions[s.slot] = s.last, s.position
+        out = program.run(
+            {
+                "tokens": mx.array(tokens, dtype=mx.uint32),
+                "positions": mx.array(positions, dtype=mx.int32),
+            },
+            self.weights,
+            self.state,
+            wait=False,
+            point=point,
+        )
+        got = out["next_token"].tolist()
+        self._check_peak()
+        self.stats.decode_steps += 1
+        self.stats.single_steps += program is self.decode_one
+        self.stats.rows_computed += rows
+        self.stats.rows_busy += len(decoding)
+        now = time.perf_counter()
+        ended = []
+        for s in decoding:
+            s.position += 1
+            s.generation.token_latencies_s.append(now - s.stepped)
+            s.stepped = now
+            self._emit(s, int(got[s.slot]))
+            if s.done:
+                ended.append(s)
+        return ended
+
+    def _copy_block(self, program: PhaseProgram, slot: int, position: int, block: int) -> None:
+        """One block between a slot and the pool. The phase reads state it does not write (a
+        save reads the slots, a load the pool): those arrays are lent, the ones it writes moved
+        (``PhaseProgram.run`` takes them), so MLX can write them in place."""
+        writes = {name for _, kind, name in program.outputs if kind == "state"}
+        reads = {name for _, kind, name in program.inputs if kind == "state"}
+        lent = {n: (self.state.pop(n) if n in writes else self.state[n]) for n in reads}
+        feeds = {
+            "slot": mx.array(slot, dtype=mx.int32),
+            "position": mx.array(position, dtype=mx.int32),
+            "block": mx.array(block, dtype=mx.int32),
+        }
+        program.run(feeds, self.weights, lent, wait=False)
+        mx.eval([lent[n] for n in writes])
+        self.state.update({n: lent[n] for n in writes})
+        self._check_peak()
+
+    def _emit(self, seq: Sequence, token: int) -> None:
+        """Record ``token`` for ``seq``; end it at a stop token, its budget or its caller's say."""
+        seq.generation.tokens.append(token)
+        seq.last = token
+        wanted = seq.on_token is None or seq.on_token(token) is not False
+        if not wanted:
+            self._finish(seq, "cancelled")
+        elif token in seq.request.stop:
+            self._finish(seq, "stop")
+        elif len(seq.generation.tokens) >= seq.request.max_tokens:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, why: str) -> None:
+        seq.done, seq.finish = True, why
+
+    def _check_peak(self) -> None:
+        observed = self.observed_peak()
+        self.stats.peak_observed = max(self.stats.peak_observed, observed)
+        if observed > self.plan.envelope.provable:
+            raise EnvelopeExceeded(
+                f"observed MLX peak {observed:,} B is above the plan's provable envelope "
+                f"{self.plan.envelope.provable:,} B: please report this with the plan"
+            )
+
+    def generate(self, request: Request, on_token=None, on_logprobs=None) -> Generation:
+        """One request alone (the others' slots stay free): the batch-1 entry point."""
+        seq = self.submit(request, on_token)
+        while not seq.done:
+            self.iterate()
+        return seq.generation
+
+    def prerecord(self, requests=None):
+        """Record every verified point's graphs before any call (``Session.prerecord``)."""
+        done = super().prerecord(None)
+        if self.decode_one is None:
+            return done
+        start = time.perf_counter()
+        more = self.decode_one.prepare(self.weights, self.state, None)
+        return Prerecorded(done.points + more, done.seconds + time.perf_counter() - start)
+
+    def held_bytes(self) -> int:
+        extra = self.decode_one.constants.values() if self.decode_one else ()
+        return super().held_bytes() + sum(a.nbytes for a in extra)

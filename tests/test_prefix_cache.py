@@ -1,0 +1,275 @@
+"""The prompt-prefix pool (issue #31): blocks with inter-call lifetimes, planned in M_KV.
+
+A multi-turn conversation through a plan with a pool reuses the earlier turns' prompt chunks
+(hits), generates exactly the ids a plan without the pool generates, stays within the provable
+envelope, and the pool never grows (it evicts). The verifier refuses edits that would let a block
+copy address outside the pool or the slots.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from conftest import TINY_QWEN2
+from hardening import assert_invalid, assert_one_line_refusal, cli, edit_plan
+
+from dctms.runner.prefix_cache import PrefixIndex
+
+BOUNDS = ["-N", "96", "-M", "6", "--prefill-chunk", "16", "--pack-seconds", "0", "-q"]
+
+
+# ------------------------------------------------------------------------------- the index
+
+
+def test_a_lookup_leaves_one_token_to_prefill() -> None:
+    index = PrefixIndex(blocks=8, block_tokens=4)
+    prompt = tuple(range(12))
+    assert index.to_save(prompt) == [(0, 0), (4, 1), (8, 2)]
+    assert index.lookup(prompt) == [(0, 0), (4, 1)]  # the third would leave nothing to prefill
+    assert index.lookup(prompt + (99,)) == [(0, 0), (4, 1), (8, 2)]
+    assert index.lookup((0, 1, 2, 7, 4, 5, 6, 7, 8)) == []  # the first chunk differs
+    assert index.stats.hit_tokens == 20
+
+
+def test_the_pool_evicts_its_least_recently_used_block() -> None:
+    index = PrefixIndex(blocks=2, block_tokens=2)
+    a, b, c = (1, 1, 9), (2, 2, 9), (3, 3, 9)
+    assert index.to_save(a) == [(0, 0)] and index.to_save(b) == [(0, 1)]
+    index.lookup(a)  # a is now more recent than b
+    assert index.to_save(c) == [(0, 1)]  # b's block
+    assert index.stats.evictions == 1 and index.used == 2
+    assert index.lookup(b) == [] and index.lookup(a) == [(0, 0)]
+
+
+# ------------------------------------------------------------------------------- the runner
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    from dctms.toolkit.tiny_model import write_tiny_model
+
+    root = tmp_path_factory.mktemp("prefix")
+    model = write_tiny_model(root / "model", TINY_QWEN2)
+    out = {"model": model}
+    for name, extra in (("plain", []), ("pool", ["--prefix-blocks", "8"]),
+                        ("small", ["--prefix-blocks", "2", "--batch", "2"])):  # fmt: skip
+        out[name] = root / f"{name}.plan"
+        result = cli("compile", str(model), *BOUNDS, *extra, "-o", str(out[name]))
+        assert result.code == 0, result.err
+    return out
+
+
+def _conversation(path: Path, turns: int = 4) -> Path:
+    # the tiny model's byte tokenizer: a token per character, so the turns stay short
+    path.write_text(json.dumps({"turns": [f"question {k} is here" for k in range(turns)]}))
+    return path
+
+
+def _turns(result) -> list[dict]:
+    assert result.code == 0, result.err
+    return [json.loads(line) for line in result.out.splitlines()]
+
+
+def test_a_conversation_hits_the_pool_and_generates_the_same_ids(tiny, tmp_path) -> None:
+    conv = _conversation(tmp_path / "c.json")
+    args = ["--model", str(tiny["model"]), "--conversation", str(conv), "--max-tokens", "4"]
+    report = tmp_path / "r.json"
+    pooled = _turns(cli("run", str(tiny["pool"]), *args, "--ignore-eos", "--report", str(report)))
+    plain = _turns(cli("run", str(tiny["plain"]), *args, "--ignore-eos"))
+    assert [t["tokens"] for t in pooled] == [t["tokens"] for t in plain]
+    assert pooled[0]["cached_tokens"] == 0
+    assert all(t["cached_tokens"] >= 16 for t in pooled[1:])  # every later turn reuses blocks
+    assert all(t["cached_tokens"] % 16 == 0 and t["cached_tokens"] < t["prompt_tokens"]
+               for t in pooled)  # fmt: skip
+    data = json.loads(report.read_text())
+    assert data["within_envelope"] and data["prefix_pool"]["hit_blocks"] > 0
+    assert data["prefix_pool"]["used"] <= data["prefix_pool"]["blocks"] == 8
+
+
+def test_a_small_pool_evicts_and_the_ids_stay_exact(tiny) -> None:
+    from dctms.runner.batch import BatchSession
+    from dctms.runner.load import load_checked_plan
+    from dctms.runner.request import validate_request
+    from dctms.runner.session import Session
+    from dctms.schema.model_folder import open_model_folder
+
+    model = open_model_folder(tiny["model"])
+    small, plain = load_checked_plan(tiny["small"]), load_checked_plan(tiny["plain"])
+    rng = random.Random(4)
+    stems = [[rng.randrange(256) for _ in range(20)] for _ in range(3)]  # one chunk each
+    # a, a, b, b, c, c, a, a, b: each second one hits, c evicts a, a evicts b
+    prompts = [stems[(i // 2) % 3] + [rng.randrange(256) for _ in range(1 + i % 5)] for i in range(9)]
+    batch = BatchSession(small, model)
+    seqs = []
+    for p in prompts:  # one at a time: each finds what the ones before it left
+        seqs.append(batch.submit(validate_request(small, p, 5)))
+        batch.run_all()
+    stats, peak = batch.prefix.stats, batch.stats.peak_observed
+    assert stats.evictions > 0 and batch.prefix.used == 2 and stats.hit_blocks > 0
+    assert peak <= small.envelope.provable
+    del batch
+    alone = Session(plain, model)
+    assert [s.generation.tokens for s in seqs] == [
+        alone.generate(validate_request(plain, p, 5)).tokens for p in prompts
+    ]
+
+
+def test_the_pool_is_counted_in_the_kv_term(tiny) -> None:
+    from dctms.schema.io import read_plan
+
+    pool, plain = read_plan(tiny["pool"]), read_plan(tiny["plain"])
+    blocks = [s for s in pool.state if s.name.endswith(".pool")]
+    assert len(blocks) == 2 * TINY_QWEN2["num_hidden_layers"]
+    assert all(s.shape[0] == 8 and s.shape[2] == 16 for s in blocks)
+    assert pool.envelope.kv == plain.envelope.kv + sum(s.bytes for s in blocks)
+    assert {p.name for p in pool.phases} >= {"save_block", "load_block"}
+    assert pool.bounds.prefix_blocks == 8 and plain.bounds.prefix_blocks == 0
+
+
+# ------------------------------------------------------------------------------- bad input
+
+
+def test_a_pool_beyond_the_budget_names_the_largest_that_fits(tiny, tmp_path) -> None:
+    from dctms.schema.io import read_plan
+
+    plan = read_plan(tiny["pool"])
+    per_block = sum(s.bytes for s in plan.state if s.name.endswith(".pool")) // 8
+    out = tmp_path / "x.plan"
+    result = cli("compile", str(tiny["model"]), *BOUNDS, "--prefix-blocks", "8",
+                 "--memory", str(plan.envelope.total - 2 * per_block), "-o", str(out))  # fmt: skip
+    assert_one_line_refusal(result, "compile", "the largest pool that fits is --prefix-blocks 6 ")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--prefix-blocks", "-1"], "--prefix-blocks must be 0 (none) or more"),
+        (["--prefix-cache", "100B"], "holds no block: one block"),
+        (["--prefix-cache", "lots"], "--prefix-cache:"),
+        (["--prefix-blocks", "2", "--kv-bits", "8"], "not supported with --kv-bits"),
+        (["--prefix-blocks", "2", "--sampling"], "not supported with --sampling"),
+    ],
+)
+def test_bad_pool_options_are_refused_in_one_line(tiny, tmp_path, flags, needle) -> None:
+    result = cli("compile", str(tiny["model"]), *BOUNDS, *flags, "-o", str(tmp_path / "x.plan"))
+    assert_one_line_refusal(result, "compile", needle)
+
+
+def test_prefix_cache_size_gives_whole_blocks(tiny, tmp_path) -> None:
+    from dctms.schema.io import read_plan
+
+    plan = read_plan(tiny["pool"])
+    per_block = sum(s.bytes for s in plan.state if s.name.endswith(".pool")) // 8
+    out = tmp_path / "x.plan"
+    size = 3 * per_block + per_block // 2
+    assert cli("compile", str(tiny["model"]), *BOUNDS, "--prefix-cache", str(size),
+               "-o", str(out)).code == 0  # fmt: skip
+    assert read_plan(out).bounds.prefix_blocks == 3
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("[1, 2]", "expected {\"turns\": [TEXT, ...]}"),
+        ('{"turns": []}', "expected {\"turns\": [TEXT, ...]}"),
+        ('{"turns": ["a"], "system": 3}', '"system" must be a string'),
+        ("{", "cannot read it as JSON"),
+    ],
+)
+def test_bad_conversation_files_are_refused_in_one_line(tiny, tmp_path, content, needle) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(content)
+    result = cli("run", str(tiny["pool"]), "--model", str(tiny["model"]), "--conversation",
+                 str(path))  # fmt: skip
+    assert_one_line_refusal(result, "run", needle)
+
+
+# ------------------------------------------------------------------------------- the verifier
+
+
+def _phase(doc: dict, name: str) -> dict:
+    return next(p for p in doc["phases"] if p["name"] == name)
+
+
+def test_the_verifier_wants_pool_blocks_for_the_bound(tiny, tmp_path) -> None:
+    def more_blocks(doc: dict) -> None:
+        doc["bounds"]["prefix_blocks"] = 9
+
+    edited = edit_plan(tiny["pool"], tmp_path / "e.plan", more_blocks)
+    assert_invalid(cli("validate", str(edited)), "does not hold 9 blocks of 16 positions")
+
+
+def test_the_verifier_refuses_a_pool_without_bounds(tiny, tmp_path) -> None:
+    def no_blocks(doc: dict) -> None:
+        doc["bounds"]["prefix_blocks"] = 0
+
+    edited = edit_plan(tiny["pool"], tmp_path / "e.plan", no_blocks)
+    assert_invalid(cli("validate", str(edited)), "copies prefix-pool blocks, but bounds.prefix_blocks is 0")
+
+
+def test_the_verifier_bounds_the_block_a_copy_addresses(tiny, tmp_path) -> None:
+    """save_block's pool write read from a constant block 8 (the pool holds 0..7)."""
+
+    def constant_block(doc: dict) -> None:
+        save = _phase(doc, "save_block")
+        op = next(o for o in save["ops"] if o["primitive"] == "DynamicSliceUpdate")
+        save["constants"].append({"id": "edited", "shape": [1], "dtype": "int32", "value": [8]})
+        op["inputs"][-1] = "edited"
+
+    edited = edit_plan(tiny["pool"], tmp_path / "e.plan", constant_block)
+    assert_invalid(cli("validate", str(edited)), "ranges over [8, 8]")
+
+
+def test_the_verifier_refuses_a_save_that_writes_slots(tiny, tmp_path) -> None:
+    def swap(doc: dict) -> None:
+        save = _phase(doc, "save_block")
+        out = next(b for b in save["outputs"] if b["name"].endswith(".pool"))
+        out["name"] = out["name"].removesuffix(".pool")
+
+    edited = edit_plan(tiny["pool"], tmp_path / "e.plan", swap)
+    assert_invalid(cli("validate", str(edited)), "save_block writes pool blocks")
+
+
+# ------------------------------------------------------------------------------- the server
+
+
+def _chat(url: str, messages: list[dict]) -> dict:
+    import urllib.request
+
+    body = {"model": "m", "messages": messages, "max_tokens": 4, "temperature": 0}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_dctms_serve_reuses_the_pool_across_requests(tiny) -> None:
+    """A chat re-sent with one more turn: the server takes the earlier prompt's chunks from the
+    pool (usage.prompt_tokens_details.cached_tokens), and answers what the plan without a pool
+    answers."""
+    from serve_helpers import ServerProcess
+
+    history = [{"role": "user", "content": "question zero is here, and it is long enough"}]
+    answers = {}
+    for name in ("pool", "plain"):
+        server = ServerProcess(["--plan", f"m={tiny[name]}={tiny['model']}"])
+        try:
+            first = _chat(server.url, history)
+            turn = [*history, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                    {"role": "user", "content": "and one more question"}]  # fmt: skip
+            second = _chat(server.url, turn)
+        finally:
+            server.close()
+        answers[name] = (first, second)
+    (first, second), (plain_first, plain_second) = answers["pool"], answers["plain"]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 16 and cached % 16 == 0 and cached < second["usage"]["prompt_tokens"]
+    assert "prompt_tokens_details" not in plain_second["usage"]
+    assert [a["choices"][0]["message"]["content"] for a in (first, second)] == [
+        a["choices"][0]["message"]["content"] for a in (plain_first, plain_second)
+    ]

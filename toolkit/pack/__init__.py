@@ -1,0 +1,6 @@
+"""The packer: buffers live over time ranges in, byte offsets in one arena out.
+
+``problem`` states an allocation problem; ``greedy``, ``online``, ``coarsen``, ``skyline`` and
+``search`` are its strategies; ``solve`` runs them within a budget; ``instances`` makes problems of
+known optimum and ``csv_io`` reads and writes them as CSV (``dctms pack``).
+"""
