@@ -80,7 +80,7 @@ def phase_problem(phase, align: int):
     """The packing problem the compiler solved for ``phase``: its arena tenants' lifetimes and
     aligned sizes (slot intervals are inclusive; the packer's are half-open)."""
     from dctms.schema.sizes import align_up, is_arena_tenant
-    from dctms.toolkit.pack_problem import make_problem
+    from dctms.toolkit.pack.problem import make_problem
 
     tenants = [t for t in phase.tensors if is_arena_tenant(t)]
     return make_problem(
@@ -117,7 +117,7 @@ def compile_family(config: Path, real_lengths: bool = True, run_ahead: str = "fr
 def family_rows(folder: Path, real_lengths: bool = True, run_ahead: str = "free") -> list[dict]:
     """One row per phase of every config in ``folder`` (one per refused config)."""
     from dctms.toolkit.compiler import CompileOptions
-    from dctms.toolkit.pack_solve import solve
+    from dctms.toolkit.pack.solve import solve
 
     budget = CompileOptions(2048, 256).pack_seconds
     rows = []
@@ -149,7 +149,7 @@ def family_rows(folder: Path, real_lengths: bool = True, run_ahead: str = "free"
 
 
 def bench_families(folder: Path, run_ahead: str = "free", real_lengths: bool = True) -> None:
-    from dctms.toolkit.pack_structure import structure
+    from dctms.toolkit.pack.structure import structure
 
     options = "default options" + ("" if run_ahead == "free" else f" but --run-ahead {run_ahead}")
     options += "" if real_lengths else ", fixed lengths (the same phases at the bound, 4x faster)"
@@ -171,7 +171,7 @@ def bench_families(folder: Path, run_ahead: str = "free", real_lengths: bool = T
         )
         if r["ratio"] > GOAL:
             above.append(r)
-    from dctms.toolkit.pack_solve import solve
+    from dctms.toolkit.pack.solve import solve
 
     for r in above:
         s = structure(r["problem"], r["budget"])

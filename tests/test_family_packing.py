@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dctms.toolkit.pack_problem import make_problem
-from dctms.toolkit.pack_structure import period, structure
+from dctms.toolkit.pack.problem import make_problem
+from dctms.toolkit.pack.structure import period, structure
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ROOT / "tests/data/families"

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dctms.toolkit.pack_problem import Problem, live_max, make_problem, sweep
-from dctms.toolkit.pack_solve import solve
+from dctms.toolkit.pack.problem import Problem, live_max, make_problem, sweep
+from dctms.toolkit.pack.solve import solve
 
 # Shifts tried as the period: the most frequent gaps between starts of same-shaped buffers.
 _PERIOD_CANDIDATES = 8
