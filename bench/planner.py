@@ -2,6 +2,8 @@
 
 Usage: .venv/bin/python bench/planner.py [--repeat 3] [--tensors 50000] [--span 1000000000]
        [--tiles 100,200,500,2000] [--seeds 3] [--seconds 10] [--skip-compile]
+       [--families tests/data/families] [--families-only] [--run-ahead free]
+       [--fixed-lengths]
 
 Per checked-in config (plans/configs) it compiles in this process (imports warm, best of
 --repeat) and reports Table 1 (logical tensors -> physical buffers, reduction) against the paper's
@@ -12,6 +14,13 @@ greedy alone against greedy + search (--seconds) on the checked-in plans' phases
 instances whose optimum is known by construction (a rectangle cut into --tiles random tiles), and
 a synthetic set of --tensors intervals with slot numbers up to --span goes through colouring, the
 lower bound and offset packing.
+
+First, the family corpus (--families: one published config.json per mlx-lm family, see its
+README.md) is compiled at the default options (N = 2,048, M = 256) and each phase's arena is
+printed against its lower bound with the packing's CPU time (the phase re-packed from its tenants
+with the compile's own budget: the same offsets, as the arena check asserts). A phase above 1.01
+gets its instance's structure (``structure``): the period of its lifetimes, how many layers reach
+the bound, and how a window of two periods packs on its own.
 """
 
 from __future__ import annotations
@@ -61,6 +70,117 @@ def bench_plans(repeat: int) -> None:
         f"{'paper (Qwen2.5, hand-written)':<34}{'':>10}{PAPER_LOGICAL:>9}{PAPER_PHYSICAL:>9}"
         f"{1 - PAPER_PHYSICAL / PAPER_LOGICAL:>10.2%}"
     )
+
+
+# The goal of issue 34: every phase's arena within 1 % of its lower bound.
+GOAL = 1.01
+
+
+def phase_problem(phase, align: int):
+    """The packing problem the compiler solved for ``phase``: its arena tenants' lifetimes and
+    aligned sizes (slot intervals are inclusive; the packer's are half-open)."""
+    from dctms.schema.sizes import align_up, is_arena_tenant
+    from dctms.toolkit.pack.problem import make_problem
+
+    tenants = [t for t in phase.tensors if is_arena_tenant(t)]
+    return make_problem(
+        [t.interval[0] for t in tenants],
+        [t.interval[1] + 1 for t in tenants],
+        [align_up(t.bytes, align) for t in tenants],
+        align,
+    )
+
+
+def compile_family(config: Path, real_lengths: bool = True, run_ahead: str = "free"):
+    """(plan, wall s) of compiling ``config`` at the default options (but ``real_lengths`` and
+    ``run_ahead``), or (error line, wall s)."""
+    from dctms.schema.errors import DctmsError
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.compiler import CompileOptions, compile_plan
+
+    t0 = time.perf_counter()
+    try:
+        plan = compile_plan(
+            open_model(config),
+            CompileOptions(2048, 256, real_lengths=real_lengths, run_ahead=run_ahead),
+        )
+    except DctmsError as e:
+        return str(e).splitlines()[0], time.perf_counter() - t0
+    except Exception as e:  # an internal error is a finding too: the row says which
+        return (
+            f"internal error: {type(e).__name__}: {str(e).splitlines()[0]}",
+            time.perf_counter() - t0,
+        )
+    return plan, time.perf_counter() - t0
+
+
+def family_rows(folder: Path, real_lengths: bool = True, run_ahead: str = "free") -> list[dict]:
+    """One row per phase of every config in ``folder`` (one per refused config)."""
+    from dctms.toolkit.compiler import CompileOptions
+    from dctms.toolkit.pack.solve import solve
+
+    budget = CompileOptions(2048, 256).pack_seconds
+    rows = []
+    for config in sorted(folder.glob("*.json")):
+        plan, wall = compile_family(config, real_lengths, run_ahead)
+        if isinstance(plan, str):
+            rows.append(dict(family=config.stem, phase=None, refused=plan, compile_s=wall))
+            continue
+        for phase in plan.phases:
+            problem = phase_problem(phase, plan.target.alignment)
+            packing, cpu = _time(solve, problem, budget / len(plan.phases))
+            assert packing.arena == phase.arena_bytes, "re-packing gave another arena"
+            rows.append(
+                dict(
+                    family=config.stem,
+                    phase=phase.name,
+                    tenants=problem.n,
+                    arena=phase.arena_bytes,
+                    lower_bound=phase.lower_bound_bytes,
+                    ratio=phase.arena_bytes / phase.lower_bound_bytes,
+                    greedy=packing.greedy_arena / packing.lower_bound,
+                    pack_s=cpu,
+                    compile_s=wall,
+                    problem=problem,
+                    budget=budget / len(plan.phases),
+                )
+            )
+    return rows
+
+
+def bench_families(folder: Path, run_ahead: str = "free", real_lengths: bool = True) -> None:
+    from dctms.toolkit.pack.structure import structure
+
+    options = "default options" + ("" if run_ahead == "free" else f" but --run-ahead {run_ahead}")
+    options += "" if real_lengths else ", fixed lengths (the same phases at the bound, 4x faster)"
+    print(f"family corpus {folder.relative_to(ROOT)}: N = 2,048, M = 256, {options}")
+    print(
+        f"{'family':<13}{'phase':<9}{'tenants':>8}{'arena':>14}{'lower bound':>14}{'ratio':>8}"
+        f"{'greedy':>8}{'pack cpu s':>11}{'compile s':>11}"
+    )
+    above = []
+    for r in family_rows(folder, real_lengths, run_ahead):
+        if r["phase"] is None:
+            print(f"{r['family']:<13}refused: {r['refused']}")
+            continue
+        print(
+            f"{r['family']:<13}{r['phase']:<9}{r['tenants']:>8,}{r['arena']:>14,}"
+            f"{r['lower_bound']:>14,}{r['ratio']:>8.4f}{r['greedy']:>8.4f}{r['pack_s']:>11.2f}"
+            f"{r['compile_s']:>11.1f}",
+            flush=True,
+        )
+        if r["ratio"] > GOAL:
+            above.append(r)
+    from dctms.toolkit.pack.solve import solve
+
+    for r in above:
+        s = structure(r["problem"], r["budget"])
+        tenfold = solve(r["problem"], 10 * r["budget"])
+        print(
+            f"  {r['family']} {r['phase']} above {GOAL}: {s.describe()}; with 10x the budget "
+            f"the phase packs at {tenfold.arena / tenfold.lower_bound:.4f}",
+            flush=True,
+        )
 
 
 def _time(fn, *args):
@@ -168,7 +288,24 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3, help="tile instances per count")
     ap.add_argument("--seconds", type=float, default=10.0, help="packer search budget")
     ap.add_argument("--skip-compile", action="store_true", help="no compile-time table")
+    ap.add_argument("--families", default="tests/data/families", help="config corpus ('' to skip)")
+    ap.add_argument("--families-only", action="store_true", help="only the family table")
+    ap.add_argument(
+        "--fixed-lengths",
+        action="store_true",
+        help="family table: compile without the length grid (the phases at the bound are the same)",
+    )
+    ap.add_argument(
+        "--run-ahead",
+        default="free",
+        choices=("free", "throttled"),
+        help="family table's run-ahead",
+    )
     args = ap.parse_args()
+    if args.families:
+        bench_families(ROOT / args.families, args.run_ahead, not args.fixed_lengths)
+        if args.families_only:
+            return
     if not args.skip_compile:
         bench_plans(args.repeat)
     bench_plan_packing(args.seconds)

@@ -2,5 +2,6 @@
 
 ``problem`` states an allocation problem; ``greedy``, ``online``, ``coarsen``, ``skyline`` and
 ``search`` are its strategies; ``solve`` runs them within a budget; ``instances`` makes problems of
-known optimum and ``csv_io`` reads and writes them as CSV (``dctms pack``).
+known optimum and ``csv_io`` reads and writes them as CSV (``dctms pack``); ``structure`` describes
+an instance (its period, peaks, a window packed alone) to explain an arena above the bound.
 """
