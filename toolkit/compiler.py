@@ -62,7 +62,7 @@ from dctms.schema.verify import verify_plan
 from dctms.toolkit import assign, caches, limits, prefix_pool
 from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
-from dctms.toolkit.fuse_projections import fuse_projections
+from dctms.toolkit.fuse_projections import conflicting_weights, fuse_projections
 from dctms.toolkit.lengths import (
     ROWS,
     TOKEN_STEP,
@@ -491,13 +491,16 @@ def _merged(
 ) -> Traced:
     """Passes 1c and 1d on every phase (``toolkit.common_ops``, ``toolkit.fuse_projections``
     where ``fuse``); ``fits`` re-indexed in place."""
-    phases, fused = [], {}
+    phases, fused, merged_phases = [], {}, []
     for tp in traced.phases:
         merged, fit = merge_common_ops(tp, fits.get(tp.name))
         if merged is not tp:
             say(f"{tp.name}: {len(tp.ops) - len(merged.ops)} repeated primitives merged")
+        merged_phases.append((merged, fit))
+    exclude = conflicting_weights([m for m, _ in merged_phases]) if fuse else frozenset()
+    for tp, (merged, fit) in zip(traced.phases, merged_phases, strict=True):
         if fuse:
-            merged, fit, groups = fuse_projections(merged, fit)
+            merged, fit, groups = fuse_projections(merged, fit, exclude)
             if groups:
                 say(f"{tp.name}: {len(groups)} groups of projections fused")
             for name, parts in groups.items():

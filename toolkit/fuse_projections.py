@@ -58,12 +58,31 @@ def fused_name(parts: list[str]) -> str:
     )
 
 
+def conflicting_weights(phases: list[TracedPhase]) -> frozenset[str]:
+    """Weights that phases would fuse into different groups (a model whose attention and MLP read
+    one input, as cohere's: decode fuses all five projections, but prefill's last layer feeds its
+    MLP the picked row only): every weight of such groups, left unfused everywhere, because the
+    runner holds one arena per fused weight."""
+    seen: dict[str, tuple[str, ...]] = {}
+    bad: set[str] = set()
+    for phase in phases:
+        for members in _groups(phase):
+            parts = tuple(m.weight.name for m in members)
+            for w in parts:
+                other = seen.setdefault(w, parts)
+                if other != parts:
+                    bad.update(parts)
+                    bad.update(other)
+    return frozenset(bad)
+
+
 def fuse_projections(
-    phase: TracedPhase, lf: LengthFit | None = None
+    phase: TracedPhase, lf: LengthFit | None = None, exclude: frozenset[str] = frozenset()
 ) -> tuple[TracedPhase, LengthFit | None, dict[str, tuple[str, ...]]]:
-    """The phase with each group of projections of one input fused; its length fit re-indexed
-    and extended to the new ops; the fused weights (name -> part names, in column order)."""
-    groups = _groups(phase)
+    """The phase with each group of projections of one input fused (but groups holding a weight of
+    ``exclude``); its length fit re-indexed and extended to the new ops; the fused weights
+    (name -> part names, in column order)."""
+    groups = [g for g in _groups(phase) if not any(m.weight.name in exclude for m in g)]
     if not groups:
         return phase, lf, {}
     replaced: dict[int, list[tuple[TracedOp, str | None, dict]]] = {}  # index -> new ops
