@@ -16,14 +16,18 @@ Arena tenants t0 [0,2], t2 [2,3], t3 [3,4], out [4,4] (alignment 64): buffer 0 =
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
+from filelock import FileLock
 
 from dctms.schema.fingerprint import layout_sha256
 from dctms.schema.io import encode_plan, write_plan
@@ -72,6 +76,62 @@ def pytest_configure(config: pytest.Config) -> None:
     if capture is not None:
         capture.stop_global_capturing()  # the new process must write to the real stdout/stderr
     reexec_with_fast_blas()
+
+
+# ------------------------------------------------------------------- parallel runs (pytest-xdist)
+# `make test` runs the suite on several workers (`-n auto --dist loadgroup`). Each test module is
+# one unit of work, so its module-scoped fixtures are built once and its tests, which may share
+# files, never run at the same time. A module or test marked `spread` leaves its tests free to run
+# on different workers at once (they share nothing but the on-disk `shared_cache`). Units start
+# heaviest first, weighed by their `slow` tests, so no long module is left for the end.
+SLOW_WEIGHT = 20  # a slow test costs about as much as this many quick ones
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    unit: dict[str, str] = {}
+    weight: dict[str, int] = {}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and not item.get_closest_marker("spread"):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+        groups = [
+            m.args[0] if m.args else m.kwargs["name"] for m in item.iter_markers("xdist_group")
+        ]
+        unit[item.nodeid] = groups[0] if groups else item.nodeid
+        cost = SLOW_WEIGHT if item.get_closest_marker("slow") else 1
+        weight[unit[item.nodeid]] = weight.get(unit[item.nodeid], 0) + cost
+    # Stable: equal weights keep the collection order (every worker must collect the same order).
+    items.sort(key=lambda item: -weight[unit[item.nodeid]])
+
+
+def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder all workers of this run share: the run's base temporary folder (a worker's own
+    is a sub-folder of it), or this session's own when not run by xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory) -> Callable[[str, Callable[[Path], None]], Path]:
+    """``shared_cache(key, make)``: the folder ``make(folder)`` filled, made once per run for each
+    key (e.g. a digest of a compile's inputs) and shared by every worker: the first to ask makes
+    it under a file lock, the others wait for it and read it. Never write to it."""
+    root = _shared_root(tmp_path_factory) / "shared-cache"
+    root.mkdir(exist_ok=True)
+
+    def cached(key: str, make: Callable[[Path], None]) -> Path:
+        folder = root / key
+        with FileLock(str(root / f"{key}.lock")):
+            if not (folder / ".done").exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a maker that failed half-way
+                folder.mkdir()
+                make(folder)
+                (folder / ".done").touch()
+        return folder
+
+    return cached
 
 
 # A two-layer random-weight qwen2 config the runner tests build models from (toolkit.tiny_model).
@@ -215,22 +275,38 @@ def plan_file(tmp_path: Path, tiny_plan: Plan) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def cli_compile(tmp_path_factory):
-    """``dctms compile CONFIG ARGS... -o PLAN`` in a fresh process, run once per session for each
-    distinct (config bytes, arguments): tests that need the same compile share it (the checked-in
-    7B plan takes seconds). Returns (the finished process, the plan's path); never write to it."""
-    done: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
+# Runs the compile as its child, so its RUSAGE_CHILDREN is that one compile's peak RSS.
+_MEASURED = (
+    "import resource, subprocess, sys; "
+    "proc = subprocess.run(sys.argv[2:]); "
+    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
+    "sys.exit(proc.returncode)"
+)
 
-    def compiled(config: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-        key = hashlib.sha256(config.read_bytes() + "\0".join(args).encode()).hexdigest()
-        if key not in done:
-            out = tmp_path_factory.mktemp("cli-compile") / "compiled.plan"
-            argv = [sys.executable, "-m", "dctms.cli.main", "compile", str(config), *args]
-            proc = subprocess.run(
-                [*argv, "-o", str(out)], capture_output=True, text=True, check=False
-            )
-            done[key] = (proc, out)
-        return done[key]
+
+@pytest.fixture(scope="session")
+def cli_compile(shared_cache):
+    """``dctms compile CONFIG ARGS... -o PLAN`` in a fresh process, run once per run for each
+    distinct (config bytes, arguments) and shared by every test and worker that asks for the same
+    compile (the checked-in 7B plan takes seconds). Returns (the finished process, the plan's
+    path, the compile process's peak RSS in KiB); never write to the plan."""
+
+    def compiled(config: Path, *args: str) -> tuple[subprocess.CompletedProcess, Path, int]:
+        key = hashlib.sha256(config.read_bytes() + b"\0" + "\0".join(args).encode()).hexdigest()
+        argv = [sys.executable, "-m", "dctms.cli.main", "compile", str(config), *args]
+
+        def make(folder: Path) -> None:
+            out, peak = folder / "compiled.plan", folder / "peak_kib"
+            measured = [sys.executable, "-c", _MEASURED, str(peak), *argv, "-o", str(out)]
+            proc = subprocess.run(measured, capture_output=True, text=True, check=False)
+            record = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+            (folder / "process.json").write_text(json.dumps(record))
+
+        folder = shared_cache(f"cli-compile-{key[:32]}", make)
+        record = json.loads((folder / "process.json").read_text())
+        proc = subprocess.CompletedProcess(argv, record["returncode"], record["stdout"],
+                                           record["stderr"])  # fmt: skip
+        peak = folder / "peak_kib"
+        return proc, folder / "compiled.plan", int(peak.read_text()) if peak.exists() else 0
 
     return compiled

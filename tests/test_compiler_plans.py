@@ -10,6 +10,9 @@ import pytest
 
 from dctms.schema.io import read_plan
 
+# Independent tests (the 7B compiles they share come from the on-disk `cli_compile`): any worker.
+pytestmark = pytest.mark.spread
+
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = {
     "qwen1.5b": ROOT / "plans/configs/qwen2.5-1.5b-instruct-4bit.json",
@@ -41,7 +44,7 @@ def _compile(config: Path, out: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_checked_in_plan_matches_a_fresh_compile(cli_compile, name: str) -> None:
-    proc, fresh = cli_compile(PLANS[name], "-N", "2048", "-M", "256")
+    proc, fresh, _ = cli_compile(PLANS[name], "-N", "2048", "-M", "256")
     assert proc.returncode == 0, proc.stderr
     checked_in = ROOT / "plans" / f"{name}.plan"
     assert fresh.read_bytes() == checked_in.read_bytes(), (
@@ -52,7 +55,7 @@ def test_checked_in_plan_matches_a_fresh_compile(cli_compile, name: str) -> None
 @pytest.mark.slow
 def test_two_processes_write_identical_bytes(cli_compile, tmp_path: Path) -> None:
     # The session's compile (shared with the test above) and a second process of its own.
-    first, a = cli_compile(PLANS["qwen7b"], "-N", "2048", "-M", "256")
+    first, a, _ = cli_compile(PLANS["qwen7b"], "-N", "2048", "-M", "256")
     b = tmp_path / "b.plan"
     assert first.returncode == 0
     assert _compile(PLANS["qwen7b"], b).returncode == 0
@@ -63,22 +66,11 @@ def test_two_processes_write_identical_bytes(cli_compile, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_7b_compile_materialises_no_weights(tmp_path: Path) -> None:
-    # Measured in a process of its own: this process's RUSAGE_CHILDREN is the largest child of
-    # the whole test session so far, whatever ran before.
-    measure = (
-        "import resource, subprocess, sys; "
-        "proc = subprocess.run(sys.argv[1:]); "
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
-        "sys.exit(proc.returncode)"
-    )
-    argv = [sys.executable, "-m", "dctms.cli.main", "compile", str(PLANS["qwen7b"])]
-    argv += ["-N", "2048", "-M", "256", "-q", "-o", str(tmp_path / "x.plan")]
-    proc = subprocess.run(
-        [sys.executable, "-c", measure, *argv], capture_output=True, text=True, check=False
-    )
+def test_7b_compile_materialises_no_weights(cli_compile) -> None:
+    # The session's 7B compile, measured in a process of its own (cli_compile runs each compile
+    # as the only child of a wrapper, whose RUSAGE_CHILDREN is then that compile's peak RSS).
+    proc, _, peak_kib = cli_compile(PLANS["qwen7b"], "-N", "2048", "-M", "256")
     assert proc.returncode == 0, proc.stderr
-    peak_kib = int(proc.stdout.split()[-1])
     # 4-bit 7B weights alone are 4 GiB.
     assert 0 < peak_kib < 300 * 1024, f"compile peak RSS {peak_kib / 1024:.0f} MiB"
 

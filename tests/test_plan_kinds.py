@@ -48,6 +48,7 @@ def test_check_recompiles_a_speculative_plan_with_its_draft(pair, tmp_path):
     assert check_plan(other).verdict == "ok"
 
 
+@pytest.mark.slow  # a fit search over two models (171 s in a loaded 2-core run with coverage)
 def test_fit_with_a_draft_plans_both_models(pair, tmp_path, capsys):
     target, draft = pair
     out = tmp_path / "fit.plan"

@@ -32,11 +32,15 @@ GOAL = 1.05
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> Path:
+def smollm2(shared_cache) -> Path:
     from dctms.convert.real_model import FetchError, prepare, real_model
     from dctms.schema.errors import DctmsError
 
+    def fetch_and_convert(_: Path) -> None:  # one worker at a time (the others find it cached)
+        prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
+
     try:
+        shared_cache("smollm2", fetch_and_convert)
         return prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
     except FetchError as err:
         pytest.skip(f"SmolLM2 unavailable: {err} (no cached copy)")

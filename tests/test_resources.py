@@ -138,13 +138,14 @@ def test_serve_holds_within_its_resources_limit_as_a_cgroup(tiny) -> None:
 
 
 @pytest.mark.slow
-def test_real_model_serve_holds_within_its_resources_limit(tmp_path: Path) -> None:
+def test_real_model_serve_holds_within_its_resources_limit(tmp_path: Path, shared_cache) -> None:
     """The tight case: SmolLM2-135M-Instruct (fp32, 538 MB of weights), whose RSS comes within a
     few MiB of its M_max, served under a hard limit of exactly `dctms resources`' figure."""
     from dctms.convert.real_model import FetchError, prepare, real_model
     from dctms.schema.errors import DctmsError
 
-    try:
+    try:  # fetched and converted by one worker at a time (test_real_model's fixture too)
+        shared_cache("smollm2", lambda _: prepare(real_model(), lambda msg: None))
         folder = prepare(real_model(), lambda msg: None)
     except (FetchError, DctmsError) as err:
         pytest.skip(f"SmolLM2 unavailable: {err}")

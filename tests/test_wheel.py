@@ -97,7 +97,7 @@ def _source_copy(dest: Path) -> Path:
     """The source tree without build outputs (a stale build/ folder would leak into the wheel)."""
     skip = shutil.ignore_patterns(
         ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-        ".ruff_cache", ".hypothesis", "bench-out", "out",
+        ".ruff_cache", ".hypothesis", "bench-out", "out", ".coverage*",
     )  # fmt: skip
     shutil.copytree(ROOT, dest, ignore=skip)
     return dest
