@@ -34,7 +34,7 @@ def broken_plan(folder: Path) -> None:
 def tiles500(folder: Path) -> None:
     """``tiles500.csv``: bench/planner.py's 500 tiles of seed 1 (a 1 MiB x 10,000-slot rectangle
     cut at random: the optimal arena is 1 MiB by construction), as ``dctms pack`` reads them."""
-    from dctms.toolkit.pack_instances import tiles
+    from dctms.toolkit.pack.instances import tiles
 
     problem, _ = tiles(500, seed=1)
     rows = ["id,start,end,size,alignment"] + [

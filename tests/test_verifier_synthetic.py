@@ -521,7 +521,9 @@ def transformer_like(layers: int, ops_per_layer: int) -> list[OpSpec]:
 
 
 @pytest.mark.slow
-def test_seven_b_sized_phase_verifies_quickly() -> None:
+def test_seven_b_sized_phase_verifies() -> None:
+    """A 7B-sized phase verifies and decodes (its times are printed; bench/verify_speed.py
+    measures them: speed goals live in bench/, not in unit tests)."""
     specs = transformer_like(layers=28, ops_per_layer=214)
     plan = build_plan(specs, outputs={len(specs) - 1})
     assert len(plan.phases[0].tensors) > 6000
@@ -536,7 +538,6 @@ def test_seven_b_sized_phase_verifies_quickly() -> None:
         f"\n{len(plan.phases[0].tensors)} tensors, {len(data) / 1e6:.2f} MB: verify {verify_s:.2f} s, decode {decode_s:.2f} s"
     )
     assert problems == []
-    assert verify_s < 5 and decode_s < 20  # generous: CI machines are slow; typical is well under
 
 
 def test_rule_registry_is_complete_and_index_builds(tiny_plan: Plan) -> None:
@@ -546,7 +547,7 @@ def test_rule_registry_is_complete_and_index_builds(tiny_plan: Plan) -> None:
 
 
 @pytest.mark.slow
-def test_overlap_sweep_stays_fast_when_everything_is_live() -> None:
+def test_overlap_sweep_when_everything_is_live() -> None:
     """Worst case for a naive active-set sweep: ~5,000 tenants all live to the end, none overlapping."""
     specs = transformer_like(layers=28, ops_per_layer=214)
     plan = build_plan(specs, outputs={len(specs) - 1})
@@ -558,6 +559,5 @@ def test_overlap_sweep_stays_fast_when_everything_is_live() -> None:
             offset += align_up(t.bytes, 64)
         tensors.append(t)
     index = build_plan_index(replace(plan, phases=[replace(phase, tensors=tensors)]))
-    start = time.perf_counter()
+    # (how long the sweep takes is bench/verify_speed.py's: speed goals live in bench/)
     assert list(RULES["arena_overlap"](index)) == []
-    assert time.perf_counter() - start < 2
