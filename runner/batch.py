@@ -196,14 +196,14 @@ class BatchSession(Session):
         if seq.prefilled < len(prompt):
             return
         token = int(out["next_token"].item())
-        if self.prefix is not None:  # keep the prompt's whole chunks for later requests
-            for position, block in self.prefix.to_save(prompt):
-                self._copy_block(self.save_block, seq.slot, position, block)
         now = time.perf_counter()
         seq.generation.ttft_s = now - seq.submitted
         seq.stepped = now
         seq.position = len(prompt)
-        self._emit(seq, token)
+        self._emit(seq, token)  # the first token goes out before the pool's copies are made
+        if self.prefix is not None:  # keep the prompt's whole chunks for later requests
+            for position, block in self.prefix.to_save(prompt):
+                self._copy_block(self.save_block, seq.slot, position, block)
 
     def _decode_step(self, decoding: list[Sequence]) -> list[Sequence]:
         need_rows = max(s.slot for s in decoding) + 1
