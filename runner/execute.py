@@ -38,6 +38,29 @@ from dctms.runner.primitives import apply_op, args_from_json, dtype_from_name
 from dctms.schema.types import Phase
 
 RECORD_AFTER = 0  # runs of a variant in Python before its graph is recorded (the checked bound run aside)
+_REPLAYS: dict[int, bool] = {}  # thread id -> whether an imported graph evaluates there
+
+
+def replays_here() -> bool:
+    """Whether a graph recorded with ``mx.export_function`` and imported evaluates on this thread.
+    MLX 0.32 imports a graph onto the default stream of the thread that first evaluated anything,
+    and another thread has no encoder for that stream ("There is no Stream(cpu, 0) in current
+    thread"): e.g. a server's worker thread in a process whose main thread already ran MLX. There
+    the runner re-creates each segment's primitives in Python instead (the same graph, slower to
+    build). Checked once per thread, on a one-element function."""
+    import threading
+
+    key = threading.get_ident()
+    if key not in _REPLAYS:
+        try:
+            with tempfile.TemporaryDirectory(prefix="dctms-replay-probe-") as tmp:
+                path = os.path.join(tmp, "probe.mlxfn")
+                mx.export_function(path, lambda x: x + 1, mx.zeros((1,), mx.int32))
+                mx.eval(mx.import_function(path)(mx.zeros((1,), mx.int32)))
+            _REPLAYS[key] = True
+        except RuntimeError:
+            _REPLAYS[key] = False
+    return _REPLAYS[key]
 
 
 @dataclass(frozen=True)
@@ -159,7 +182,11 @@ class PhaseProgram:
         bound = self.lengths.bound
         self._variants = {bound: _Variant(bound, [tuple(s) for s in ops_by_segment])}
         # MLX's exporter cannot record mlx.distributed's primitives: a rank's phase runs op by op.
-        self.replay = replay and not has_collectives(op.primitive for op in phase.ops)
+        self.replay = (
+            replay
+            and not has_collectives(op.primitive for op in phase.ops)
+            and replays_here()
+        )
         self._files = tempfile.TemporaryDirectory(prefix="dctms-replay-") if self.replay else None
 
     def variant(self, point: tuple[int, ...]) -> _Variant:

@@ -284,3 +284,31 @@ def test_decode_one_belongs_to_batched_plans(tiny, tmp_path) -> None:
 
     edited = edit_plan(tiny["batched"], tmp_path / "e.plan", one_slot)
     assert_invalid(cli("validate", str(edited)), "decode_one is a batched plan's phase")
+
+
+def test_a_session_on_another_thread_runs_after_the_main_thread_ran_mlx(tiny) -> None:
+    """MLX 0.32 imports a recorded graph onto the stream of the thread that first evaluated
+    anything; a server's worker thread in a process whose main thread already ran MLX re-creates
+    the segments in Python instead (runner.execute.replays_here), with the same ids."""
+    import threading
+
+    import mlx.core as mx
+
+    from dctms.runner.request import validate_request
+
+    mx.eval(mx.ones(2) + 1)  # the main thread runs MLX first
+    alone, _ = _sessions(tiny)
+    want = alone.generate(validate_request(alone.plan, [1, 2, 3], 6)).tokens
+    got: list = []
+
+    def work() -> None:
+        try:
+            _, batch = _sessions(tiny)
+            got.append(batch.generate(validate_request(batch.plan, [1, 2, 3], 6)).tokens)
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            got.append(err)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(120)
+    assert got == [want]
