@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_vs_mlx_lm import server_env, tree_rss  # noqa: E402
 
-from dctms.benchmark.serve_clients import free_port, wait_ready  # noqa: E402
+from dctms.benchmark.serve_clients import free_port, stop_server, wait_ready  # noqa: E402
 
 TOPICS = ["the sea", "a mountain", "bread", "a bicycle", "the moon", "tea", "a library",
           "rain", "a violin", "a garden", "trains", "snow"]  # fmt: skip
@@ -88,12 +87,7 @@ def run_system(name: str, argv: list[str], model: str, args) -> dict:
     except RuntimeError as err:
         out["error"] = str(err)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
     return out
 
 

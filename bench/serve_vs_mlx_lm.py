@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -99,6 +98,7 @@ def measure_system(system: str, args, plan: Path, folder: Path, group=None) -> d
         free_port,
         level_figures,
         run_level,
+        stop_server,
         stream_chat,
         wait_ready,
     )
@@ -146,13 +146,7 @@ def measure_system(system: str, args, plan: Path, folder: Path, group=None) -> d
     except RuntimeError as err:
         out["error"] = str(err)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_server(proc)
         out["exit"] = proc.returncode
         out["stderr_tail"] = (proc.stderr.read() if proc.stderr else "")[-600:]
     return out

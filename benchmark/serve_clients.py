@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import socket
 import subprocess
 import threading
@@ -22,6 +23,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_server(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Ctrl-C a server process and wait for it; kill it if it does not end in ``timeout_s``."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
