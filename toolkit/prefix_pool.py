@@ -26,6 +26,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from dctms.schema.errors import DctmsError
+from dctms.schema.values import dtype_name
 from dctms.schema.sizes import nbytes
 from dctms.toolkit.trace import PhaseTracer, TracedPhase, _export
 
@@ -43,7 +44,7 @@ def block_bytes(tracer: PhaseTracer, chunk: int) -> int:
     total = 0
     for a in tracer.layout.arrays:
         b, h, _, d = a.shape
-        total += nbytes((1, h, chunk, d), str(a.dtype).rpartition(".")[2])
+        total += nbytes((1, h, chunk, d), dtype_name(a.dtype))
     return total
 
 
