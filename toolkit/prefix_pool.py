@@ -26,8 +26,8 @@ from __future__ import annotations
 import mlx.core as mx
 
 from dctms.schema.errors import DctmsError
-from dctms.schema.values import dtype_name
 from dctms.schema.sizes import nbytes
+from dctms.schema.values import dtype_name
 from dctms.toolkit.trace import PhaseTracer, TracedPhase, _export
 
 SAVE, LOAD = "save_block", "load_block"
