@@ -30,7 +30,7 @@ from dctms.runner.batch import BatchSession
 from dctms.runner.batch import Sequence as BatchSequence
 from dctms.runner.request import Request
 from dctms.runner.sampling import TokenLogprobs
-from dctms.runner.session import Generation, Session
+from dctms.runner.session import Generation, Prerecorded, Session
 from dctms.runner.tokenize import Tokenizer
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import open_model_folder
@@ -106,9 +106,15 @@ SHUTTING_DOWN = "the server is shutting down"
 
 
 class Worker:
-    def __init__(self, specs: list[tuple[PlanSpec, Plan]], max_queue: int = 64):
+    def __init__(
+        self, specs: list[tuple[PlanSpec, Plan]], max_queue: int = 64, prerecord: bool = False
+    ):
         self._specs = specs
         self.max_queue = max_queue
+        # Record every verified length point's graphs while loading (``Session.prerecord``), so
+        # no request pays for a point's first use (``--prerecord``); False: each on its first use.
+        self.prerecord = prerecord
+        self.recorded: dict[str, Prerecorded] = {}  # per model, what loading recorded
         self.models: dict[str, ServedModel] = {}
         self.load: dict[str, ModelLoad] = {}
         self._sessions: dict[str, Session] = {}
@@ -225,7 +231,10 @@ class Worker:
             tokenizer = Tokenizer(folder.path)
             warm_chat_template(tokenizer)
             batched = slotted(plan.bounds)
-            self._sessions[spec.name] = (BatchSession if batched else Session)(plan, folder)
+            session = (BatchSession if batched else Session)(plan, folder)
+            self._sessions[spec.name] = session
+            if self.prerecord:
+                self.recorded[spec.name] = session.prerecord()
             self._peak = max(self._peak, mx.get_peak_memory())
             stop = frozenset(tokenizer.eos_ids)
             self.models[spec.name] = ServedModel(spec.name, plan, tokenizer, stop)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -214,7 +215,7 @@ def worker(models):
 
     tiny, beta4 = models
     spec = PlanSpec("beta4", beta4, tiny["beta"].folder)
-    w = Worker([(spec, load_checked_plan(beta4))], max_queue=1)
+    w = Worker([(spec, load_checked_plan(beta4))], max_queue=1, prerecord=True)
     w.start()
     yield w
     w.stop()
@@ -402,3 +403,33 @@ def test_ctrl_c_with_batched_streams_running_and_queued_still_stops(models):
     assert rc == 0, proc.stderr()
     assert "Traceback" not in proc.stderr()
     assert len(outcomes) == 2 * SLOTS and not any(t.is_alive() for t in threads)
+
+
+def test_worker_records_every_length_point_while_loading_when_asked(worker, models):
+    """``prerecord=True`` (``--prerecord``): every verified point's graphs are recorded before the
+    server serves, so no request pays for a point's first use; by default each on first use."""
+    from dctms.runner.load import load_checked_plan
+    from dctms.serve.spec import PlanSpec
+    from dctms.serve.worker import Worker
+
+    plan = worker.models["beta4"].plan
+    every = sum(len(p.lengths.points) for p in plan.phases if p.lengths is not None)
+    assert worker.recorded["beta4"].points == every > 0
+    tiny, beta4 = models
+    lazy = Worker([(PlanSpec("lazy", beta4, tiny["beta"].folder), load_checked_plan(beta4))])
+    lazy.start()
+    try:
+        assert lazy.recorded == {}
+    finally:
+        lazy.stop()
+
+
+def test_serve_says_what_it_recorded_at_start(models, server):
+    tiny, beta4 = models
+    beta = tiny["beta"]
+    proc = ServerProcess(["--plan", f"beta4={beta4}={beta.folder}", "--prerecord"])
+    try:
+        assert re.search(r"recorded [1-9]\d* length points' graphs in [\d.]+ s", proc.stderr())
+    finally:
+        proc.close()
+    assert "recorded" not in server.stderr()  # without --prerecord: each point on first use

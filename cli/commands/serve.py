@@ -70,6 +70,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level; info also logs every request (default warning)",
     )
+    p.add_argument(
+        "--prerecord",
+        action="store_true",
+        help="record every length point's graphs at start instead of on first use: no request "
+        "waits for a recording, and the resident set is at its largest from the start (the "
+        "recorded_graphs term of `dctms resources`)",
+    )
     add_download_flag(p)
     p.set_defaults(func=run)
 
@@ -128,13 +135,22 @@ def run(args: argparse.Namespace) -> int:
             "serve fewer plans or give more --memory (see `dctms pool`)"
         )
     sock = server.bind(args.host, args.port)
-    worker = Worker(list(zip(specs, plans, strict=True)), max_queue=args.max_queue)
+    worker = Worker(
+        list(zip(specs, plans, strict=True)),
+        max_queue=args.max_queue,
+        prerecord=args.prerecord,
+    )
     try:
         worker.start()
+        recorded = ""
+        if worker.recorded:
+            points = sum(r.points for r in worker.recorded.values())
+            seconds = sum(r.seconds for r in worker.recorded.values())
+            recorded = f"; recorded {points} length points' graphs in {seconds:.1f} s"
         print(
             f"dctms serve: {', '.join(s.name for s in specs)}; pool M_max {human(pool.total)} "
             f"(provable peak {human(pool.provable)}) of {human(budget)}, "
-            f"{human(pool.free or 0)} free",
+            f"{human(pool.free or 0)} free{recorded}",
             file=sys.stderr,
         )
         warning = exposure_warning(args.host, api_key)
