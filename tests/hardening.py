@@ -98,6 +98,11 @@ def edit_plan(source: Path, target: Path, edit: Callable[[dict], object]) -> Pat
     return target
 
 
+def phase_named(document: dict, name: str) -> dict:
+    """The phase called ``name`` in a plan's JSON (for an edit)."""
+    return next(p for p in document["phases"] if p["name"] == name)
+
+
 def restamp(document: dict) -> bytes:
     from dctms.schema.digest import stamp
 

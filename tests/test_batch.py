@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_QWEN2
-from hardening import assert_invalid, assert_one_line_refusal, cli, edit_plan
+from hardening import assert_invalid, assert_one_line_refusal, cli, edit_plan, phase_named
 
 BOUNDS = ["-N", "24", "-M", "10", "--prefill-chunk", "8", "--pack-seconds", "0", "-q"]
 SLOTS = 4
@@ -216,10 +216,6 @@ def test_batched_plans_refuse_what_they_do_not_plan(tiny, tmp_path, flag) -> Non
 # ------------------------------------------------------------------------ the verifier's rules
 
 
-def _phase(doc: dict, name: str) -> dict:
-    return next(p for p in doc["phases"] if p["name"] == name)
-
-
 def test_the_verifier_checks_slot_writes_against_the_batch(tiny, tmp_path) -> None:
     """bounds.batch above the state's slots: the prefill's [slot, position] write (and the rows a
     decode step may address) would land past the arrays."""
@@ -236,7 +232,7 @@ def test_the_verifier_checks_scatter_indices(tiny, tmp_path) -> None:
     B + 1 at the bound) is refused by index_safety."""
 
     def rows_past(doc: dict) -> None:
-        decode = _phase(doc, "decode")
+        decode = phase_named(doc, "decode")
         scatter = next(op for op in decode["ops"] if op["primitive"] == "Scatter")
         producer = {o: k for k, op in enumerate(decode["ops"]) for o in op["outputs"]}
         seen, todo = set(), [scatter["inputs"][1]]
@@ -266,7 +262,7 @@ def test_the_verifier_checks_scatter_indices(tiny, tmp_path) -> None:
 
 def test_the_verifier_wants_the_batched_inputs(tiny, tmp_path) -> None:
     def rename(doc: dict) -> None:
-        decode = _phase(doc, "decode")
+        decode = phase_named(doc, "decode")
         binding = next(b for b in decode["inputs"] if b["name"] == "positions")
         binding["name"] = "position"
 

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_QWEN2
-from hardening import assert_invalid, assert_one_line_refusal, cli, cli_subprocess, edit_plan
+from hardening import (
+    assert_invalid,
+    assert_one_line_refusal,
+    cli,
+    cli_subprocess,
+    edit_plan,
+    phase_named,
+)
 
 TOKENS = ["--tokens", "1,2,3,4,5,6,7,8,9,10,11", "--max-tokens", "3"]
 
@@ -33,10 +40,6 @@ def plans(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def _phase(doc: dict, name: str) -> dict:
-    return next(p for p in doc["phases"] if p["name"] == name)
-
-
 def _op(phase: dict, primitive: str) -> int:
     return next(k for k, op in enumerate(phase["ops"]) if op["primitive"] == primitive)
 
@@ -46,7 +49,7 @@ def _constant_index(phase_name: str, primitive: str, value: int, dtype: str = "i
     start) from a new constant of the same shape, every entry ``value``."""
 
     def edit(doc: dict) -> None:
-        phase = _phase(doc, phase_name)
+        phase = phase_named(doc, phase_name)
         op = phase["ops"][_op(phase, primitive)]
         slot = len(op["inputs"]) - 1 if primitive.startswith("Dynamic") else 1
         records = [*phase["inputs"], *phase["tensors"], *phase["constants"]]
@@ -65,7 +68,7 @@ def _slope_minus_one(phase_name: str, primitive: str, path: str):
     slope -1 that still holds the plan's value at the bound (so only the other points differ)."""
 
     def edit(doc: dict) -> None:
-        phase = _phase(doc, phase_name)
+        phase = phase_named(doc, phase_name)
         rec = phase["lengths"]
         for f in rec["affine"]:
             for place in f["at"]:
@@ -134,7 +137,7 @@ def test_a_runtime_index_is_bounded_by_what_the_runner_feeds(plans) -> None:
     """The starts the runner feeds (last_index, position) are bounded by the rule's runtime
     ranges: the prefill DynamicSlice reads ``last_index`` and the plan proves it in range."""
     doc = json.loads(plans["text"].read_text())
-    prefill = _phase(doc, "prefill")
+    prefill = phase_named(doc, "prefill")
     op = prefill["ops"][_op(prefill, "DynamicSlice")]
     names = {b["id"]: b["name"] for b in prefill["inputs"]}
     reshaped = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_QWEN2
-from hardening import assert_invalid, assert_one_line_refusal, cli, edit_plan
+from hardening import assert_invalid, assert_one_line_refusal, cli, edit_plan, phase_named
 
 from dctms.runner.prefix_cache import PrefixIndex
 
@@ -191,10 +191,6 @@ def test_bad_conversation_files_are_refused_in_one_line(tiny, tmp_path, content,
 # ------------------------------------------------------------------------------- the verifier
 
 
-def _phase(doc: dict, name: str) -> dict:
-    return next(p for p in doc["phases"] if p["name"] == name)
-
-
 def test_the_verifier_wants_pool_blocks_for_the_bound(tiny, tmp_path) -> None:
     def more_blocks(doc: dict) -> None:
         doc["bounds"]["prefix_blocks"] = 9
@@ -215,7 +211,7 @@ def test_the_verifier_bounds_the_block_a_copy_addresses(tiny, tmp_path) -> None:
     """save_block's pool write read from a constant block 8 (the pool holds 0..7)."""
 
     def constant_block(doc: dict) -> None:
-        save = _phase(doc, "save_block")
+        save = phase_named(doc, "save_block")
         op = next(o for o in save["ops"] if o["primitive"] == "DynamicSliceUpdate")
         save["constants"].append({"id": "edited", "shape": [1], "dtype": "int32", "value": [8]})
         op["inputs"][-1] = "edited"
@@ -226,7 +222,7 @@ def test_the_verifier_bounds_the_block_a_copy_addresses(tiny, tmp_path) -> None:
 
 def test_the_verifier_refuses_a_save_that_writes_slots(tiny, tmp_path) -> None:
     def swap(doc: dict) -> None:
-        save = _phase(doc, "save_block")
+        save = phase_named(doc, "save_block")
         out = next(b for b in save["outputs"] if b["name"].endswith(".pool"))
         out["name"] = out["name"].removesuffix(".pool")
 
