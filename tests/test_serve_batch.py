@@ -414,7 +414,11 @@ def test_worker_records_every_length_point_while_loading_when_asked(worker, mode
 
     plan = worker.models["beta4"].plan
     every = sum(len(p.lengths.points) for p in plan.phases if p.lengths is not None)
-    assert worker.recorded["beta4"].points == every > 0
+    assert every > 0
+    # a worker thread of a process whose main thread ran MLX first cannot replay recordings
+    # (runner.execute.replays_here): there it records none, and each call builds its graph
+    replays = worker._sessions["beta4"].prefill.replay
+    assert worker.recorded["beta4"].points == (every if replays else 0)
     tiny, beta4 = models
     lazy = Worker([(PlanSpec("lazy", beta4, tiny["beta"].folder), load_checked_plan(beta4))])
     lazy.start()

@@ -143,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         worker.start()
         recorded = ""
-        if worker.recorded:
-            points = sum(r.points for r in worker.recorded.values())
+        points = sum(r.points for r in worker.recorded.values())
+        if points:
             seconds = sum(r.seconds for r in worker.recorded.values())
             recorded = f"; recorded {points} length points' graphs in {seconds:.1f} s"
         print(
