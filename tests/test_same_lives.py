@@ -101,3 +101,25 @@ def test_lives_that_are_not_pass_3s_at_the_bound_prove_nothing(phases) -> None:
     checker = PointChecker(tp, lf, sched, other, rules, facts)
     assert not any(checker.same_lives(p) for p in [lf.bound, *points])
     assert all(L._why_not((tp, lf, sched, other, rules, facts), p) for p in points)
+
+
+def test_a_replay_that_is_not_pass_3s_at_the_bound_proves_nothing(phases, monkeypatch) -> None:
+    """Should pass 3 ever compute an op's cost on a path the replay lacks (here: the replay
+    sees 8 bytes more scratch for every matmul), the replay disagrees with pass 3's own result at
+    the bound, and the checker leaves every point to pass 3."""
+    from dctms.toolkit import same_lives
+
+    tp, lf, sched, lives, rules, candidates = phases["cpu"][0]
+    facts = graph_facts(tp, sched, rules)
+    points = [tuple(p) for p in candidates if tuple(p) != lf.bound]
+    honest = PointChecker(tp, lf, sched, lives, rules, facts)
+    assert any(honest.same_lives(p) for p in points)
+    real = same_lives.op_cost
+
+    def other(primitive, *args):
+        mem, scratch, dispatches = real(primitive, *args)
+        return mem, scratch + 8 if primitive == "Matmul" else scratch, dispatches
+
+    monkeypatch.setattr(same_lives, "op_cost", other)
+    checker = PointChecker(tp, lf, sched, lives, rules, facts)
+    assert not any(checker.same_lives(p) for p in [lf.bound, *points])

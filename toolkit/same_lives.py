@@ -5,8 +5,8 @@ bound's decisions with sizes no larger. Re-running pass 3 per point costs a 7B p
 points: seconds). This module decides the same question from what pass 3's result *depends on*:
 
 ``analyse`` walks the ops in execution order; the only things it computes from sizes or layouts are
-each op's ``op_memory`` (its outputs' effect kinds, sources, copies kept alive, donor candidates,
-scratch and dispatches), the donor it picks (``_donatable``: the graph, the lives made so far and one
+each op's cost (``lifetimes.op_cost``: its outputs' effect kinds, sources, copies kept alive, donor
+candidates, scratch and dispatches), the donor it picks (``_donatable``: the graph, the lives made so far and one
 size comparison) and the byte sizes. Everything else -- which tensors own memory, their roots, the
 reads that end lifetimes, the run-ahead widening -- follows from those decisions and the graph. So,
 by induction over the ops: when at every op the point's decisions equal the bound's, the lives made
@@ -15,10 +15,13 @@ donation candidates are the bound's, and pass 3 at the point takes exactly the b
 Its result then differs from the bound's only in sizes and layouts; with every scratch and every
 varying dimension at most the bound's (and not negative), ``lengths._differs`` finds nothing.
 
-:func:`same_lives` answers True only in that case. False means "not proven here", and the caller
-runs pass 3 itself (the old, complete check, which also words the reason). ``op_memory`` results are
-memoised by everything they read (primitive, arguments, input layouts, dtypes, output shapes, state
-flags): a model's layers repeat, and most ops are the same at many points.
+:meth:`PointChecker.same_lives` answers True only in that case. False means "not proven here", and
+the caller runs pass 3 itself (the complete check, which also words the reason). Both compute an
+op's cost with the same function (``lifetimes.op_cost``), memoised here by everything it reads
+(primitive, arguments, input layouts, dtypes, output shapes, state flags): a model's layers repeat,
+and most ops are the same at many points. The induction's base is checked, not assumed: the lives
+given must be pass 3's at the bound, and the replay at the bound must give their scratch,
+dispatches and kinds; otherwise the checker proves nothing and every point goes to pass 3.
 """
 
 from __future__ import annotations
@@ -29,10 +32,9 @@ from typing import TYPE_CHECKING
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
 from dctms.schema.sizes import ITEMSIZE
-from dctms.schema.targets import kernel_ops
 from dctms.toolkit.affine import evaluate, set_leaves, typed
-from dctms.toolkit.lifetimes import GraphFacts, MemoryRules, PhaseLives, analyse
-from dctms.toolkit.memory_model import Layout, donated_layout, op_memory, row_major
+from dctms.toolkit.lifetimes import GraphFacts, MemoryRules, PhaseLives, analyse, op_cost
+from dctms.toolkit.memory_model import Layout, donated_layout, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
 
@@ -162,6 +164,27 @@ class PointChecker:
         self._layouts: list[Layout] = []
         self._layout_id: dict[Layout, int] = {}
         self._bound = self._decisions(lf.bound, None)
+        # The replay must be pass 3's own at the bound: its scratch, dispatches and every output's
+        # kind (a code path of ``analyse`` the replay lacked would show here first).
+        self._sound = self._replays(bound_lives)
+
+    def _replays(self, bound_lives: PhaseLives) -> bool:
+        if [b[1] for b in self._bound] != bound_lives.scratch:
+            return False
+        if [b[0][2] for b in self._bound] != bound_lives.dispatches:
+            return False
+        lives, ids = bound_lives.lives, self._ids
+        for (decision, _, donor), op in zip(self._bound, self._ops, strict=True):
+            for t, (kind, _, _) in zip(op[3], decision[0], strict=True):
+                if donor is not None or kind == "view":
+                    want = ("view",)
+                elif kind == "inplace":
+                    want = ("state",)
+                else:
+                    want = ("output", "intermediate")
+                if lives[ids[t]].kind not in want:
+                    return False
+        return True
 
     def same_lives(self, point: Sequence[int]) -> bool:
         """True only when pass 3 at ``point`` keeps the bound's lives (module docstring)."""
@@ -204,29 +227,24 @@ class PointChecker:
                     args = set_leaves(
                         args, {p: v for (p, _, _), v in zip(varying, values_here, strict=True)}
                     )
-                mem = op_memory(
+                mem, scratch, dispatches = op_cost(
                     op.primitive,
                     args,
                     [self._layouts[layout[t]] for t in ins],
-                    self._facts.in_dtypes[pos],
                     [shapes[t] for t in outs],
-                    self._facts.out_dtypes[pos],
                     list(is_state),
+                    pos,
+                    self._facts,
+                    rules,
                 )
-                if rules.kernels:
-                    views_only = bool(mem.effects) and all(e.kind == "view" for e in mem.effects)
-                    empty = all(prod(shapes[t]) == 0 for t in outs)
-                    dispatches = kernel_ops(op.primitive, views_only, empty)
-                else:
-                    dispatches = mem.dispatches
                 decision = (
                     tuple((e.kind, e.source, e.keep_source) for e in mem.effects),
-                    mem.scratch > 0,
+                    scratch > 0,
                     dispatches,
                 )
                 lids = tuple(self._lid(e.layout) for e in mem.effects)
                 donors = mem.effects[0].donors if eligible and mem.effects else ()
-                got = memo[key] = (decision, mem.scratch, lids, donors)
+                got = memo[key] = (decision, scratch, lids, donors)
             decision, scratch, lids, donors = got
             donor = None
             if donors:
