@@ -1,6 +1,7 @@
 """Compile-time benchmark: where `dctms compile` spends its time, cold and warm, per step.
 
 Usage: .venv/bin/python bench/compile_time.py [CONFIG ...] [-N 2048] [-M 256] [--warm 1]
+       [--fit 8GiB]
 
 For each config (default: the checked-in ones, plans/configs) it starts a fresh interpreter that
 imports the compiler (timed), compiles once (cold: mlx-lm's model classes and every in-process
@@ -9,8 +10,9 @@ compiler keeps no cache on disk, so a new `dctms compile` always pays the cold f
 compile is split into the compiler's steps, measured by wrapping the passes' functions:
 
   trace      pass 1: build the model with lazy weights, trace each phase at its bound (and 1c/1d)
-  lengths    pass 1b: the traces at smaller lengths, the affine fit, and the re-run of pass 3 at
-             every candidate length point (``toolkit.lengths.verified_points``)
+  lengths    pass 1b: the traces at smaller lengths, the affine fit, and the check of pass 3's
+             decisions at every candidate length point (``toolkit.lengths.verified_points``:
+             replayed by ``toolkit.same_lives``, pass 3 itself where the replay proves nothing)
   lifetimes  passes 2-3 at the bound: schedule and lifetimes
   pack       pass 4: buffers and offsets (the packer's search budget included)
   verify     the independent verifier (``self_check``)
@@ -19,7 +21,9 @@ compile is split into the compiler's steps, measured by wrapping the passes' fun
 
 It also times the whole `dctms compile` command in a fresh process (interpreter start and
 imports included) and checks that the plan it writes is byte-identical to the in-process one.
-The length points are checked by DCTMS_COMPILE_JOBS forked workers (default: every core, Linux).
+With ``--fit MEMORY`` it also times ``dctms fit CONFIG --memory MEMORY -M <M> --search chunk`` in a
+fresh process (its compiles are probes without length points, ``cli/commands/fit.py``).
+Length points left to pass 3 are spread over DCTMS_COMPILE_JOBS forked workers (opt-in, Linux).
 Times are seconds of wall clock and of CPU (this process's threads and its finished workers), and
 the load average is printed: on a shared machine the wall clock is inflated, the CPU much less so.
 """
@@ -127,12 +131,27 @@ def _cli_time(config: str, n: int, m: int, out: Path) -> tuple[float, float]:
     return end[0] - start[0], end[1] - start[1]
 
 
+def _fit_time(config: str, m: int, memory: str) -> tuple[float, float, int]:
+    start = _clocks()
+    out = subprocess.run(
+        [sys.executable, "-m", "dctms.cli.main", "fit", config, "--memory", memory, "-M", str(m)]
+        + ["--search", "chunk", "--json", "-q"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    end = _clocks()
+    compiles = json.loads(out.stdout)["best"]["compiles"]
+    return end[0] - start[0], end[1] - start[1], compiles
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="*", help="config.json files (default: plans/configs/*)")
     ap.add_argument("-N", type=int, default=2048)
     ap.add_argument("-M", type=int, default=256)
     ap.add_argument("--warm", type=int, default=1, help="warm compiles after the cold one")
+    ap.add_argument("--fit", metavar="MEMORY", help="also time `dctms fit --search chunk`")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure in this process
     args = ap.parse_args()
     if args.one:
@@ -142,7 +161,7 @@ def main() -> None:
     print(
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; seconds, wall and CPU "
         f"(this process and its workers; on a busy machine wall >> CPU); "
-        f"workers: DCTMS_COMPILE_JOBS={os.environ.get('DCTMS_COMPILE_JOBS', 'all cores')}"
+        f"workers: DCTMS_COMPILE_JOBS={os.environ.get('DCTMS_COMPILE_JOBS', '1 (default)')}"
     )
     print(
         f"{'config':<28}{'run':<10}{'total':>7}{'imports':>8}" + "".join(f"{s:>10}" for s in STEPS)
@@ -175,6 +194,12 @@ def main() -> None:
             f"{name:<28}`dctms compile` in a fresh process: {wall:.2f} s wall, {cpu:.2f} s CPU; "
             f"plans {'identical' if same else 'DIFFER'} across runs"
         )
+        if args.fit:
+            wall, cpu, compiles = _fit_time(config, args.M, args.fit)
+            print(
+                f"{name:<28}`dctms fit --memory {args.fit} -M {args.M} --search chunk` in a fresh "
+                f"process: {wall:.2f} s wall, {cpu:.2f} s CPU, {compiles} compiles"
+            )
 
 
 if __name__ == "__main__":

@@ -51,17 +51,36 @@ def points_of(phase: Phase) -> list[tuple[int, ...] | None]:
     return [tuple(p) for p in rec.points]
 
 
-def places_at(phase: Phase, point: Sequence[int] | None) -> PointPlaces:
+def places_at(
+    phase: Phase, point: Sequence[int] | None, parsed: list | None = None
+) -> PointPlaces:
     """What the affine functions give at ``point`` (nothing at None: the plan's own values).
-    Places that do not parse are the ``lengths`` rule's to report; they are ignored here."""
+    Places that do not parse are the ``lengths`` rule's to report; they are ignored here.
+    ``parsed``: ``parse_places(phase)``, when the caller evaluates many points."""
     out = PointPlaces()
     rec = phase.lengths
     if rec is None or point is None:
         return out
-    for f in rec.affine:
-        if len(f.k) != len(point):
+    for k, c, args, axes in parse_places(phase) if parsed is None else parsed:
+        if len(k) != len(point):
             continue
-        value = sum(a * x for a, x in zip(f.k, point, strict=True)) + f.c
+        value = sum(a * x for a, x in zip(k, point, strict=True)) + c
+        for op, key in args:
+            out.args.setdefault(op, []).append((key, value))
+        for tensor, axis in axes:
+            out.axes.setdefault(tensor, []).append((axis, value))
+    return out
+
+
+def parse_places(phase: Phase) -> list[tuple[list[int], int, list, list]]:
+    """Per affine function of ``phase.lengths``: its k and c, the op-argument places it fills
+    (op index, path) and the tensor or input axes (id, axis); places that do not parse left out."""
+    out: list[tuple[list[int], int, list, list]] = []
+    if phase.lengths is None:
+        return out
+    for f in phase.lengths.affine:
+        args: list[tuple[int, tuple[int, ...]]] = []
+        axes: list[tuple[str, int]] = []
         for place in f.at:
             where, sep, path = place.partition("/")
             if not sep or len(where) < 2:
@@ -69,11 +88,12 @@ def places_at(phase: Phase, point: Sequence[int] | None) -> PointPlaces:
             try:
                 if where[0] == "o":
                     key = tuple(int(x) for x in path.split(".")) if path else ()
-                    out.args.setdefault(int(where[1:]), []).append((key, value))
+                    args.append((int(where[1:]), key))
                 elif where[0] in "ti":
-                    out.axes.setdefault(where[1:], []).append((int(path), value))
+                    axes.append((where[1:], int(path)))
             except ValueError:
                 continue
+        out.append((f.k, f.c, args, axes))
     return out
 
 
@@ -412,13 +432,29 @@ def evaluate(
     points = points_of(phase)
     bound = tuple(phase.lengths.bound) if phase.lengths is not None else None
     names = len(bound) if bound is not None else 0
-    places = {p: places_at(phase, p) for p in points}
+    parsed = parse_places(phase)
+    places = {p: places_at(phase, p, parsed) for p in points}
     fed = {p: input_ranges(p) for p in points}
     recorded = {t.id: (tuple(t.shape), t.dtype) for t in phase.tensors}
     deps: dict[str, tuple[int, ...]] = {}  # tensor id -> the lengths it depends on
     values: dict[str, dict[tuple, tuple[Shape, Range]]] = {}  # id -> projection -> value
     affine_names = _affine_names(phase, names)
     reps: dict[tuple[int, ...], list[tuple[tuple, tuple[int, ...] | None]]] = {}
+    # An op's evaluation is a function of its own fixed parts, its arguments' and outputs' places
+    # at the point and its inputs' (shape, range): a model's layers repeat the same ops on the same
+    # shapes, so each distinct case is evaluated once (errors are not kept: they are re-raised).
+    kinds: dict[tuple, int] = {}
+    done: dict[tuple, tuple[list, list]] = {}
+    projected: dict[tuple, dict] = {}  # dep -> point -> _project(point, dep)
+
+    def projection(p, dep: tuple[int, ...]) -> tuple:
+        table = projected.get(dep)
+        if table is None:
+            table = projected[dep] = {}
+        got = table.get(p)
+        if got is None:
+            got = table[p] = _project(p, dep)
+        return got
     for b in phase.inputs:
         per = {p: (_placed(b.id, tuple(b.shape), places[p]),
                    fed[p].get(b.name) if b.kind == "input" else None) for p in points}  # fmt: skip
@@ -441,15 +477,25 @@ def evaluate(
             deps[t], values[t] = dep, {}
         if dep not in reps:  # one point per distinct projection, the first in point order
             reps[dep] = list({_project(p, dep): p for p in reversed(points)}.items())[::-1]
+        kind = kinds.setdefault(_fixed_parts(op, recorded), len(kinds))
         for key, p in reps[dep]:
-            ins = [values[t][_project(p, deps[t])] for t in op.inputs]
-            exact = p is None or key == _project(bound, dep)
-            try:
-                out = _evaluate_op(k, op, places[p], recorded, ins)
-            except EvalError as err:
-                if strict_bound or not exact:
-                    raise _at(err, k, p) from None
-                out = (op.args, [(s, None) for s in _recorded(op, recorded)])
+            ins = [values[t][projection(p, deps[t])] for t in op.inputs]
+            exact = p is None or key == projection(bound, dep)
+            at = places[p]
+            case = (
+                kind,
+                tuple(at.args.get(k, ())),
+                tuple(ins),
+                tuple(tuple(at.axes.get(t, ())) for t in op.outputs),
+            )
+            out = done.get(case)
+            if out is None:
+                try:
+                    out = done[case] = _evaluate_op(k, op, at, recorded, ins)
+                except EvalError as err:
+                    if strict_bound or not exact:
+                        raise _at(err, k, p) from None
+                    out = (op.args, [(s, None) for s in _recorded(op, recorded)])
             if exact and [s for s, _ in out[1]] != _recorded(op, recorded):
                 if strict_bound:
                     found = [list(s) for s, _ in out[1]]
@@ -471,6 +517,17 @@ def evaluate(
                        [s for s, _ in out[1]], p, exact, [r for _, r in out[1]])  # fmt: skip
         for t in op.outputs:
             deps[t], values[t] = _narrowed(dep, values[t])
+
+
+def _fixed_parts(op, recorded) -> tuple:
+    """What ``_evaluate_op`` reads of an op besides the point's places and its inputs' values:
+    its primitive and arguments, and its inputs' and outputs' recorded shapes and dtypes."""
+    return (
+        op.primitive,
+        repr(op.args),
+        tuple(recorded.get(t) for t in op.inputs),
+        tuple(recorded.get(t) for t in op.outputs),
+    )
 
 
 def _recorded(op, recorded) -> list[Shape]:

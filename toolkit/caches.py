@@ -28,6 +28,7 @@ import mlx.core as mx
 from dctms.schema.errors import DctmsError
 from dctms.schema.types import KVStorage
 from dctms.toolkit.lengths import TOKENS, LengthFit, NotAffine, digest, fit, sample_lengths
+from dctms.toolkit.mlx_lm_classes import defer_package_init
 from dctms.toolkit.trace import KVLayout, PhaseTracer, StaticKVCache, TracedPhase
 
 KV_BITS = (4, 8)  # the widths the plan supports (mlx-lm's --kv-bits accepts these among others)
@@ -81,6 +82,7 @@ def check_cache_support(model, max_kv_size: int | None = None) -> list[Rotating 
     """Each layer's cache as mlx-lm's ``make_prompt_cache(model, max_kv_size)`` makes it:
     ``Rotating`` (a sliding window), ``Recurrent`` (``ArraysCache``) or None (a full KV cache);
     refuse caches that are not planned, naming each class and why (``CACHE_SUPPORT``)."""
+    defer_package_init()  # mlx-lm's model code without its package __init__
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
     arch = getattr(model, "model_type", None) or "model"
@@ -246,6 +248,7 @@ def rings_for(windows: list, chunk: int, capacity: int) -> list:
 def probes_for(layers: list | None, num_layers: int) -> list:
     """The cache objects a one-token probe call gets: mlx-lm's own ``ArraysCache`` for a recurrent
     layer (its arrays' shapes are read back), else the tracer's key/value probe."""
+    defer_package_init()  # mlx-lm's model code without its package __init__
     from mlx_lm.models.cache import ArraysCache
 
     from dctms.toolkit.trace import _ProbeCache
@@ -555,6 +558,7 @@ def _recurrent_arrays(layer: int, probe) -> list[StateArray]:
 
 
 def _arrays_cache_class():
+    defer_package_init()  # mlx-lm's model code without its package __init__
     from mlx_lm.models.cache import ArraysCache
 
     return ArraysCache

@@ -83,6 +83,7 @@ from dctms.toolkit.lengths import (
 )
 from dctms.toolkit.lifetimes import CPU_RULES, MemoryRules, PhaseLives, analyse
 from dctms.toolkit.memory_model import RESHAPES, VIEW_ALWAYS
+from dctms.toolkit.mlx_lm_classes import mlx_lm_version
 from dctms.toolkit.module_paths import attach_modules
 from dctms.toolkit.profiles import DEFAULT_PROFILE, get_profile, ridge_point
 from dctms.toolkit.schedule import Schedule, build_schedule
@@ -789,9 +790,7 @@ def _persistent(
 
 
 def _mlx_lm_version() -> str:
-    from mlx_lm import __version__
-
-    return __version__
+    return mlx_lm_version()
 
 
 def fingerprint_weights(

@@ -27,11 +27,16 @@ The runner uses only recorded points: the smallest one that holds the call (``ru
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
+from dctms.toolkit.affine import Affine, evaluate
+from dctms.toolkit.affine import leaves as _leaves
+from dctms.toolkit.affine import set_leaves as _set_leaves
+from dctms.toolkit.affine import typed as _typed
 from dctms.toolkit.lifetimes import CPU_RULES, MemoryRules, PhaseLives, analyse, graph_facts
 from dctms.toolkit.parallel import parallel_map
+from dctms.toolkit.same_lives import PointChecker
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedBinding, TracedPhase, TracedTensor
 
@@ -47,14 +52,6 @@ WINDOW_STEP = 32
 
 class NotAffine(Exception):
     """The traces differ in a way one plan cannot cover; the message says where."""
-
-
-@dataclass(frozen=True)
-class Affine:
-    """value = sum(k[d] * length[d]) + c, at the places ``at`` (see :func:`fit`)."""
-
-    k: tuple[int, ...]
-    c: int
 
 
 @dataclass(frozen=True)
@@ -185,10 +182,6 @@ def reindexed(lf: LengthFit, new_index: dict[int, int], gone: Collection[str] = 
     )
 
 
-def evaluate(f: Affine, point: Sequence[int]) -> int:
-    return sum(k * x for k, x in zip(f.k, point, strict=True)) + f.c
-
-
 def instantiate(phase: TracedPhase, lf: LengthFit, point: Sequence[int]) -> TracedPhase:
     """The phase as the runner will build it at ``point``: arguments and shapes evaluated."""
     values: dict[Affine, int] = {}  # a fit has few distinct functions and thousands of places
@@ -243,9 +236,16 @@ def verified_points(
     The points are independent: ``jobs`` processes check them (``toolkit.parallel``)."""
     todo = [tuple(p) for p in candidates if tuple(p) != lf.bound]
     facts = graph_facts(phase, sched, rules)  # the same at every point: lengths change sizes only
+    # Most points are proven by replaying pass 3's decisions (toolkit.same_lives); pass 3 itself
+    # runs only at the others, where it decides (and words why a point is left out).
+    checker = PointChecker(phase, lf, sched, bound_lives, rules, facts) if todo else None
+    proven = [checker is not None and checker.same_lives(p) for p in todo]
+    rest = [p for p, ok in zip(todo, proven, strict=True) if not ok]
     work = (phase, lf, sched, bound_lives, rules, facts)
+    why_not = dict(zip(rest, parallel_map(_why_not, work, rest, jobs), strict=True))
     kept, dropped = [lf.bound], []
-    for point, why in zip(todo, parallel_map(_why_not, work, todo, jobs), strict=True):
+    for point in todo:
+        why = why_not.get(point, "")
         if why:
             dropped.append(f"{point}: {why}")
         else:
@@ -381,23 +381,3 @@ def _structure(value) -> object:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return value  # strings, dtypes, ... must be equal
     return "#"
-
-
-def _leaves(value, path: tuple[int, ...] = ()) -> Iterator[tuple[tuple[int, ...], object]]:
-    if isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            yield from _leaves(v, (*path, i))
-    else:
-        yield path, value
-
-
-def _typed(value: int, as_float: bool) -> int | float:
-    return float(value) if as_float else value
-
-
-def _set_leaves(value, changes: dict[tuple[int, ...], object], path: tuple[int, ...] = ()):
-    if path in changes:
-        return changes[path]
-    if isinstance(value, list | tuple):
-        return [_set_leaves(v, changes, (*path, i)) for i, v in enumerate(value)]
-    return value

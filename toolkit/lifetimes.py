@@ -44,7 +44,7 @@ from dctms.schema.aliasing import DONATION_SLACK_BYTES
 from dctms.schema.sizes import FREE_RUN_AHEAD, ITEMSIZE, nbytes, run_ahead_end
 from dctms.schema.targets import kernel_ops
 from dctms.schema.types import MemoryModel
-from dctms.toolkit.memory_model import Layout, donated_layout, op_memory, row_major
+from dctms.toolkit.memory_model import Layout, OpMemory, donated_layout, op_memory, row_major
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
 
@@ -160,22 +160,18 @@ def analyse(
 
     for pos, i in enumerate(order):
         op = ops[i]
-        mem = op_memory(
+        # What depends on sizes and layouts comes from op_cost and the donor choice below only:
+        # toolkit.same_lives replays exactly these to prove length points without this pass.
+        mem, scratch[pos], dispatches[pos] = op_cost(
             op.primitive,
             op.args,
             [layout[t] for t in op.inputs],
-            facts.in_dtypes[pos],
             [tensors[t].shape for t in op.outputs],
-            facts.out_dtypes[pos],
             [leaf_kind.get(root_of(t)) == "state" for t in op.inputs],
+            pos,
+            facts,
+            rules,
         )
-        scratch[pos] = mem.scratch
-        if rules.kernels:
-            views_only = bool(mem.effects) and all(e.kind == "view" for e in mem.effects)
-            empty = all(math.prod(tensors[t].shape) == 0 for t in op.outputs)
-            dispatches[pos] = kernel_ops(op.primitive, views_only, empty)
-        else:
-            dispatches[pos] = mem.dispatches
         for t in op.inputs:
             _read(lives, t, pos, root_of)
         for t, eff in zip(op.outputs, mem.effects, strict=True):
@@ -237,6 +233,35 @@ def analyse(
             end = widen(life.end)
         slot_interval[t] = (slot_of[life.start], slot_of[end])
     return PhaseLives(lives, slot_interval, scratch, dispatches)
+
+
+def op_cost(
+    primitive: str,
+    args: list,
+    inputs: list[Layout],
+    out_shapes: list[tuple[int, ...]],
+    input_is_state: list[bool],
+    pos: int,
+    facts: GraphFacts,
+    rules: MemoryRules,
+) -> tuple[OpMemory, int, int]:
+    """The op at execution position ``pos``: its memory model (outputs' effects), its scratch bytes
+    and the dispatches it counts for the run-ahead. Everything pass 3 derives from sizes and
+    layouts goes through here, so ``toolkit.same_lives`` replays exactly what ``analyse`` uses."""
+    mem = op_memory(
+        primitive,
+        args,
+        inputs,
+        facts.in_dtypes[pos],
+        out_shapes,
+        facts.out_dtypes[pos],
+        input_is_state,
+    )
+    if rules.kernels:
+        views_only = bool(mem.effects) and all(e.kind == "view" for e in mem.effects)
+        empty = all(math.prod(s) == 0 for s in out_shapes)
+        return mem, mem.scratch, kernel_ops(primitive, views_only, empty)
+    return mem, mem.scratch, mem.dispatches
 
 
 def _read(lives: dict[str, Life], t: str, pos: int, root_of) -> None:

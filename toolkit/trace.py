@@ -27,6 +27,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from dctms.schema.errors import DctmsError
 from dctms.schema.values import args_to_plain, dtype_name
 from dctms.toolkit.last_row import last_layer_on_picked_row
+from dctms.toolkit.mlx_lm_classes import defer_package_init, model_classes
 from dctms.toolkit.module_paths import trace_module_paths
 from dctms.toolkit.sampling import DECODE_OUTPUTS as SAMPLING_DECODE_OUTPUTS
 from dctms.toolkit.sampling import INPUTS as SAMPLING_INPUTS
@@ -132,11 +133,7 @@ def build_model(
     """
     weight_names = set(stored) if stored is not None else None
     try:
-        from mlx_lm.utils import _get_classes
-    except ImportError as err:  # pragma: no cover - mlx-lm is a dependency
-        raise DctmsError(f"mlx-lm is not installed: {err}") from None
-    try:
-        model_class, args_class = _get_classes(config)
+        model_class, args_class = model_classes(config)
     except ValueError as err:
         raise DctmsError(f"not supported yet: {err}") from None
     try:
@@ -259,6 +256,7 @@ class _ProbeCache:
         return k, v
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        defer_package_init()  # mlx-lm's model code without its package __init__
         from mlx_lm.models.base import create_attention_mask  # noqa: F401  (same defaults)
 
         return "causal" if n > 1 else None
