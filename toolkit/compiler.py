@@ -28,7 +28,7 @@ from dctms.schema.sizes import (
     recorded_run_ahead,
     slack_bytes,
 )
-from dctms.schema.targets import overhead, run_ahead_budget
+from dctms.schema.targets import GPU_TARGETS, overhead, run_ahead_budget
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -63,6 +63,7 @@ from dctms.toolkit import assign, caches, limits, prefix_pool
 from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.fuse_projections import conflicting_weights, fuse_projections
+from dctms.toolkit.fused_kernels import fuse_kernels
 from dctms.toolkit.lengths import (
     ROWS,
     TOKEN_STEP,
@@ -164,6 +165,10 @@ class CompileOptions:
     # as ``prefix_cache`` bytes hold.
     prefix_blocks: int = 0
     prefix_cache: int | None = None
+    # MLX's fused kernels as plan ops (toolkit.fused_kernels): always on a GPU target, whose GPU
+    # runs them; ``fused`` asks for them in a CPU plan too (the runner's mx.fast calls fall back to
+    # the composite there, which each op's scratch is charged with).
+    fused: bool = False
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -194,6 +199,10 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError("give --prefix-blocks or --prefix-cache, not both")
     if opts.dtype is not None and opts.dtype not in DTYPES:
         raise DctmsError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype}")
+    if opts.fused and (opts.ranks != 1 or opts.parallel is not None):
+        raise DctmsError("--fused is not supported with --ranks/--parallel yet")
+    if opts.fused and opts.backend == "gpu":
+        raise DctmsError("--fused with --backend gpu: a GPU trace holds MLX's kernels already")
 
 
 def _check_sampling(opts: CompileOptions) -> None:
@@ -465,7 +474,7 @@ def trace_source(
     traced = replace(traced, prefix_blocks=blocks)
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
-        return _merged(traced, fits, say, _fuses(opts)), capacity, fits
+        return _merged(traced, fits, say, _fuses(opts), _kernels(opts)), capacity, fits
     special = sorted({r.slots for r in rings if isinstance(r, caches.Ring)})
     found_start = (
         [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))]
@@ -483,17 +492,27 @@ def trace_source(
             say(f"{name}: fixed lengths ({found})")
         else:
             fits[name] = found
-    return _merged(traced, fits, say, _fuses(opts)), capacity, fits
+    return _merged(traced, fits, say, _fuses(opts), _kernels(opts)), capacity, fits
 
 
 def _merged(
-    traced: Traced, fits: dict[str, LengthFit], say: Callable[[str], None], fuse: bool
+    traced: Traced,
+    fits: dict[str, LengthFit],
+    say: Callable[[str], None],
+    fuse: bool,
+    kernels: bool = False,
 ) -> Traced:
-    """Passes 1c and 1d on every phase (``toolkit.common_ops``, ``toolkit.fuse_projections``
-    where ``fuse``); ``fits`` re-indexed in place."""
+    """Passes 1b' (``toolkit.fused_kernels``, where ``kernels``), 1c and 1d on every phase
+    (``toolkit.common_ops``, ``toolkit.fuse_projections`` where ``fuse``); ``fits`` re-indexed in
+    place."""
     phases, fused, merged_phases = [], {}, []
     for tp in traced.phases:
-        merged, fit = merge_common_ops(tp, fits.get(tp.name))
+        fit = fits.get(tp.name)
+        if kernels:
+            tp, fit, found = fuse_kernels(tp, fit)
+            if found:
+                say(f"{tp.name}: {len(found)} mx.fast kernels as plan ops")
+        merged, fit = merge_common_ops(tp, fit)
         if merged is not tp:
             say(f"{tp.name}: {len(tp.ops) - len(merged.ops)} repeated primitives merged")
         merged_phases.append((merged, fit))
@@ -510,6 +529,11 @@ def _merged(
             fits[tp.name] = fit
         phases.append(merged)
     return replace(traced, phases=phases, fused=fused)
+
+
+def _kernels(opts: CompileOptions) -> bool:
+    """MLX's fused kernels are plan ops on a GPU target (its GPU runs them) and with ``--fused``."""
+    return opts.fused or (opts.target is not None and opts.target.partition("-")[0] in GPU_TARGETS)
 
 
 def _fuses(opts: CompileOptions) -> bool:

@@ -41,10 +41,17 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
+from dctms.schema.fast_ops import FUSED, scratch_bytes
 from dctms.schema.sizes import FREE_RUN_AHEAD, ITEMSIZE, nbytes, run_ahead_end
 from dctms.schema.targets import kernel_ops
 from dctms.schema.types import MemoryModel
-from dctms.toolkit.memory_model import Layout, donated_layout, op_memory, row_major
+from dctms.toolkit.memory_model import (
+    Layout,
+    donated_layout,
+    kernel_copies,
+    op_memory,
+    row_major,
+)
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
 
@@ -170,6 +177,15 @@ def analyse(
             [leaf_kind.get(root_of(t)) == "state" for t in op.inputs],
         )
         scratch[pos] = mem.scratch
+        if op.primitive in FUSED:  # an mx.fast kernel: what its call may hold besides its output
+            scratch[pos] = scratch_bytes(
+                rules.model,
+                op.primitive,
+                [tensors[t].shape for t in op.inputs],
+                facts.in_dtypes[pos],
+                op.args,
+                kernel_copies(op.primitive, [layout[t] for t in op.inputs]),
+            )
         if rules.kernels:
             views_only = bool(mem.effects) and all(e.kind == "view" for e in mem.effects)
             empty = all(math.prod(tensors[t].shape) == 0 for t in op.outputs)
@@ -206,10 +222,10 @@ def analyse(
                 lives[t] = Life(t, info.shape, info.dtype, size, kind, None, pos, pos)
                 if eff.keep_source:
                     keep_alive.append((root_of(op.inputs[eff.source]), t))
-        if mem.scratch:
-            sid = f"scratch.{pos}"
+        if scratch[pos]:
+            sid, size = f"scratch.{pos}", scratch[pos]
             lives[sid] = Life(
-                sid, (mem.scratch,), "uint8", mem.scratch, "scratch", None, pos, pos, scratch_of=pos
+                sid, (size,), "uint8", size, "scratch", None, pos, pos, scratch_of=pos
             )
 
     last = n - 1
