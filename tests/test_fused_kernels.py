@@ -270,3 +270,36 @@ def test_the_metal_two_pass_attention_partials_are_charged() -> None:
                            [0.1, False, False, False]) == scratch_buffers(
         "cpu", SDPA, [odd, (1, 2, 64, 40), (1, 2, 64, 40)], ["float32"] * 3, [0.1, False, False, False]
     )  # fmt: skip
+
+
+def test_a_cpu_plan_charging_less_than_the_composites_is_refused() -> None:
+    # The phase as MLX's CPU runs it (each composite expanded, scheduled in MLX's order) holds more
+    # than an arena that claims too little: the compile refuses.
+    from types import SimpleNamespace
+
+    from dctms.schema.errors import DctmsError
+    from dctms.toolkit.compiler import check_fallback
+    from dctms.toolkit.profiles import get_profile, ridge_point
+
+    tp, _, _ = fuse_kernels(_decode_trace())
+    opts = CompileOptions(input_tokens=32, output_tokens=8, fused=True)
+    ridge = ridge_point(get_profile("cpu-x86-2core"))
+    said: list[str] = []
+    check_fallback(tp, SimpleNamespace(arena_bytes=2**30, slack_bytes=0), ridge, opts, said.append)
+    need = int(said[0].split("at most ")[1].split(" bytes")[0])
+    assert need > 0
+    with pytest.raises(DctmsError, match="--fused: the composites MLX's CPU runs"):
+        check_fallback(tp, SimpleNamespace(arena_bytes=need - 1, slack_bytes=0), ridge, opts, print)
+
+
+def test_the_expanded_phase_is_mlx_s_composite_of_every_fused_op() -> None:
+    from dctms.toolkit.fused_kernels import expanded
+
+    phase = _decode_trace()
+    fused, _, found = fuse_kernels(phase)
+    full = expanded(fused)
+    assert not any(o.primitive in FUSED for o in full.ops)
+    assert len(full.ops) == len(fused.ops) - len(found) + sum(len(f.composite) for f in found)
+    made = {t for o in full.ops for t in o.outputs}
+    leaves = {b.id for b in full.inputs} | {c.id for c in full.constants}
+    assert all(t in made or t in leaves for o in full.ops for t in o.inputs)

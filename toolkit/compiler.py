@@ -17,6 +17,7 @@ import msgspec
 
 import dctms
 from dctms.schema.errors import DctmsError, InternalError
+from dctms.schema.fast_ops import FUSED
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.sizes import (
@@ -24,6 +25,7 @@ from dctms.schema.sizes import (
     THROTTLED_RUN_AHEAD,
     cast_overshoot,
     is_arena_tenant,
+    live_bytes,
     nbytes,
     recorded_run_ahead,
     slack_bytes,
@@ -63,7 +65,7 @@ from dctms.toolkit import assign, caches, limits, prefix_pool
 from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.fuse_projections import conflicting_weights, fuse_projections
-from dctms.toolkit.fused_kernels import fuse_kernels
+from dctms.toolkit.fused_kernels import expanded, fuse_kernels
 from dctms.toolkit.lengths import (
     ROWS,
     TOKEN_STEP,
@@ -344,6 +346,9 @@ def plan_model(
                 rules=memory_rules(settings.backend, opts.run_ahead, settings.memory_model),
             )
         )
+    if settings.memory_model is None and settings.backend == "cpu":
+        for tp, phase in zip(traced.phases, phases, strict=True):
+            check_fallback(tp, phase, ridge, opts, say)
     return ModelPart(
         traced,
         capacity,
@@ -352,6 +357,35 @@ def plan_model(
         state_tensors(traced, settings.allocator_slack, settings.memory_model, weights),
         ranked[0] if ranked else None,
     )
+
+
+def check_fallback(
+    tp: TracedPhase, phase: Phase, ridge: float, opts: CompileOptions, say: Callable[[str], None]
+) -> None:
+    """A CPU plan's fused ops run as MLX's composites (``mx.fast`` falls back on the CPU), whose
+    graph MLX orders as a whole. So the phase with every fused op expanded to its composite is
+    scheduled in MLX's own order (pass 2) and its lifetimes taken under the CPU's rules (pass 3);
+    the most bytes it holds live at once must fit the arena the plan claims, or the compile is
+    refused (the plan would claim less than the runner's MLX holds). At the bound lengths."""
+    if not any(op.primitive in FUSED for op in tp.ops):
+        return
+    full = expanded(tp)
+    views = {i for i, op in enumerate(full.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
+    sched = build_schedule(full, views, ridge, opts.sync_every)
+    lives = analyse(full, sched, memory_rules("cpu", opts.run_ahead))
+    spans = [
+        (*lives.slot_interval[t], -(-life.bytes // opts.alignment) * opts.alignment)
+        for t, life in lives.lives.items()
+        if life.kind in ARENA_KINDS
+    ]
+    need = max(live_bytes(spans, len(sched.slots)), default=0)
+    claim = phase.arena_bytes + phase.slack_bytes
+    say(f"{tp.name}: MLX's composites of its fused ops hold at most {need} bytes (arena {claim})")
+    if need > claim:
+        raise DctmsError(
+            f"--fused: the composites MLX's CPU runs for {tp.name}'s fused ops may hold {need} "
+            f"bytes at once, more than the {claim} bytes its arena claims; compile without --fused"
+        )
 
 
 def check_cast_overshoot(weights: Weights, envelope) -> None:

@@ -28,7 +28,7 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
-from dctms.schema.fast_ops import RMS_NORM, ROPE, SDPA
+from dctms.schema.fast_ops import FUSED, RMS_NORM, ROPE, SDPA
 from dctms.schema.sizes import nbytes
 from dctms.toolkit.common_ops import _frozen
 from dctms.toolkit.lengths import LengthFit, reindexed
@@ -456,3 +456,52 @@ class _Matcher:
 def expanded_bytes(fused: list[Fused]) -> int:
     """The largest composite's intermediates (what one fallback call may hold at once)."""
     return max((f.internal_bytes for f in fused), default=0)
+
+
+def expanded(phase: TracedPhase) -> TracedPhase:
+    """The phase as MLX's CPU runs it: every fused op replaced by MLX's composite for it, with
+    ids of its own (what the runner's ``mx.fast`` call builds: its own scalars and intermediates,
+    shared with nothing)."""
+    ops: list[TracedOp] = []
+    paths: list[str | None] = []
+    tensors = dict(phase.tensors)
+    constants = list(phase.constants)
+    old_paths = phase.module_paths
+    for k, op in enumerate(phase.ops):
+        path = old_paths[k] if old_paths is not None else None
+        if op.primitive not in FUSED:
+            ops.append(op)
+            paths.append(path)
+            continue
+        specs = tuple((tensors[t].shape, tensors[t].dtype) for t in op.inputs)
+        ref = reference((op.primitive, tuple(op.args), specs))
+        if ref is None:  # cannot happen for an op this pass made; never plan around it
+            raise ValueError(f"MLX refuses {op.primitive} {op.args} of {specs}")
+        name = {b.id: t for b, t in zip(ref.inputs, op.inputs, strict=True)}
+        name[ref.outputs[0].id] = op.outputs[0]
+        for c in ref.constants:
+            name[c.id] = f"k{k}.{c.id}"
+            constants.append(replace(c, id=name[c.id]))
+        for r in ref.ops:
+            for t in r.outputs:
+                name.setdefault(t, f"k{k}.{t}")
+                tensors[name[t]] = replace(ref.tensors[t], id=name[t])
+        for c in ref.constants:
+            tensors[name[c.id]] = replace(ref.tensors[c.id], id=name[c.id])
+        for r in ref.ops:
+            ops.append(
+                TracedOp(
+                    r.primitive,
+                    r.args,
+                    tuple(name[t] for t in r.inputs),
+                    tuple(name[t] for t in r.outputs),
+                )
+            )
+            paths.append(path)
+    return replace(
+        phase,
+        ops=ops,
+        tensors=tensors,
+        constants=constants,
+        module_paths=paths if old_paths is not None else None,
+    )
