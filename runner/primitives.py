@@ -11,6 +11,10 @@ creates exactly that primitive and nothing else: ``keepdims=True`` for reduction
 The argument layouts are those of the installed MLX (``Primitive::state()`` as the exporter reports
 it); they are version-specific, which is why the plan records the MLX version.
 
+MLX's fused kernels (``RMSNorm``, ``RoPE``, ``ScaledDotProductAttention``; ``schema.fast_ops``) are one
+``mx.fast`` call each: one primitive on a GPU, MLX's composite on the CPU (the plan charges that
+composite's intermediates to the op's scratch and checked its order at compile time).
+
 One primitive has no single Python call: ``Gather`` is only reachable through ``mx.take``, which
 always appends a ``Squeeze`` of the gathered axis. See :func:`_gather` for how the pair still comes out
 1:1 when the plan's next op is that very ``Squeeze`` (the embedding lookup in every model).

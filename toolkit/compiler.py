@@ -76,6 +76,7 @@ from dctms.toolkit.lengths import (
     NotAffine,
     digest,
     fit,
+    instantiate,
     prefill_candidates,
     rows_candidates,
     rows_grid,
@@ -348,7 +349,7 @@ def plan_model(
         )
     if settings.memory_model is None and settings.backend == "cpu":
         for tp, phase in zip(traced.phases, phases, strict=True):
-            check_fallback(tp, phase, ridge, opts, say)
+            check_fallback(tp, phase, ridge, opts, say, fits.get(tp.name))
     return ModelPart(
         traced,
         capacity,
@@ -360,31 +361,47 @@ def plan_model(
 
 
 def check_fallback(
-    tp: TracedPhase, phase: Phase, ridge: float, opts: CompileOptions, say: Callable[[str], None]
+    tp: TracedPhase,
+    phase: Phase,
+    ridge: float,
+    opts: CompileOptions,
+    say: Callable[[str], None],
+    lf: LengthFit | None = None,
 ) -> None:
     """A CPU plan's fused ops run as MLX's composites (``mx.fast`` falls back on the CPU), whose
     graph MLX orders as a whole. So the phase with every fused op expanded to its composite is
-    scheduled in MLX's own order (pass 2) and its lifetimes taken under the CPU's rules (pass 3);
-    the most bytes it holds live at once must fit the arena the plan claims, or the compile is
-    refused (the plan would claim less than the runner's MLX holds). At the bound lengths."""
+    scheduled in MLX's own order (pass 2) and its lifetimes taken under the CPU's rules (pass 3),
+    at the bound and at every verified length point; the most bytes it holds live at once must fit
+    the arena the plan claims, or the compile is refused (the plan would claim less than the
+    runner's MLX may hold)."""
     if not any(op.primitive in FUSED for op in tp.ops):
         return
-    full = expanded(tp)
-    views = {i for i, op in enumerate(full.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
-    sched = build_schedule(full, views, ridge, opts.sync_every)
-    lives = analyse(full, sched, memory_rules("cpu", opts.run_ahead))
-    spans = [
-        (*lives.slot_interval[t], -(-life.bytes // opts.alignment) * opts.alignment)
-        for t, life in lives.lives.items()
-        if life.kind in ARENA_KINDS
-    ]
-    need = max(live_bytes(spans, len(sched.slots)), default=0)
     claim = phase.arena_bytes + phase.slack_bytes
-    say(f"{tp.name}: MLX's composites of its fused ops hold at most {need} bytes (arena {claim})")
+    points = [tuple(p) for p in phase.lengths.points] if lf and phase.lengths else []
+    need, where = 0, "the bound"
+    for point in [None, *points]:
+        at = tp if point is None else instantiate(tp, lf, point)
+        full = expanded(at)
+        views = {i for i, op in enumerate(full.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
+        sched = build_schedule(full, views, ridge, opts.sync_every)
+        lives = analyse(full, sched, memory_rules("cpu", opts.run_ahead))
+        spans = [
+            (*lives.slot_interval[t], -(-life.bytes // opts.alignment) * opts.alignment)
+            for t, life in lives.lives.items()
+            if life.kind in ARENA_KINDS
+        ]
+        held = max(live_bytes(spans, len(sched.slots)), default=0)
+        if held > need:
+            need, where = held, "the bound" if point is None else f"length point {list(point)}"
+    say(
+        f"{tp.name}: MLX's composites of its fused ops hold at most {need} bytes at "
+        f"{len(points) + 1} points (arena {claim})"
+    )
     if need > claim:
         raise DctmsError(
             f"--fused: the composites MLX's CPU runs for {tp.name}'s fused ops may hold {need} "
-            f"bytes at once, more than the {claim} bytes its arena claims; compile without --fused"
+            f"bytes at once at {where}, more than the {claim} bytes its arena claims; compile "
+            "without --fused"
         )
 
 
