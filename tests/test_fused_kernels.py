@@ -303,3 +303,52 @@ def test_the_expanded_phase_is_mlx_s_composite_of_every_fused_op() -> None:
     made = {t for o in full.ops for t in o.outputs}
     leaves = {b.id for b in full.inputs} | {c.id for c in full.constants}
     assert all(t in made or t in leaves for o in full.ops for t in o.inputs)
+
+
+def test_a_composite_holding_more_than_its_charge_is_left_alone(monkeypatch) -> None:
+    from dctms.schema import fast_ops
+
+    real = fast_ops.scratch_buffers
+    monkeypatch.setattr(
+        fast_ops,
+        "scratch_buffers",
+        lambda target, prim, *a: [0] if prim == RMS_NORM else real(target, prim, *a),
+    )
+    _, _, found = fuse_kernels(_decode_trace())
+    assert Counter(f.op.primitive for f in found) == {ROPE: EXPECTED[ROPE], SDPA: EXPECTED[SDPA]}
+
+
+FAMILIES = {
+    "llama": {"model_type": "llama", "head_dim": 32},
+    "qwen3": {"model_type": "qwen3", "head_dim": 48, "tie_word_embeddings": False},  # q/k norms
+    "phi3": {"model_type": "phi3"},
+    "olmo2": {"model_type": "olmo2"},
+    # llama3's rope scaling passes freqs to mx.fast.rope: that composite is left as it is
+    "llama3-rope": {
+        "model_type": "llama",
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("target", [None, "metal"])
+def test_families_compile_with_their_kernels_fused(family: str, target: str | None) -> None:
+    from tiny_configs import BASE
+
+    config = {**BASE, **FAMILIES[family], "torch_dtype": "bfloat16"}
+    opts = CompileOptions(24, 8, pack_seconds=0.0, target=target, fused=target is None)
+    plan = compile_plan(model_from_config(config), opts)  # the verifier's self-check passed
+    layers = config["num_hidden_layers"]
+    for phase in plan.phases:
+        found = _fast(phase)
+        assert found[SDPA] == layers
+        assert found[ROPE] == (0 if family == "llama3-rope" else 2 * layers)
+        norms = 2 * layers + 1 + (2 * layers if family in ("qwen3", "olmo2") else 0)
+        assert found[RMS_NORM] == norms

@@ -15,6 +15,8 @@ arguments -- and matched op for op against the candidate from its output back to
 the same primitives, arguments, output shapes and dtypes, inputs in the same order, constants of
 the same value, every op of the reference matched to a distinct op. Anything else is left as it
 is. An intermediate something outside the composite reads stays in the graph, computed as before.
+Nor is a composite substituted whose intermediates hold more bytes than ``schema.fast_ops`` would
+charge the op (the CPU fallback's count), so a plan never charges a fused op less than it holds.
 The pass runs before the common-subexpression pass, which then merges what the calls left shared.
 """
 
@@ -28,6 +30,7 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
+from dctms.schema import fast_ops
 from dctms.schema.fast_ops import FUSED, RMS_NORM, ROPE, SDPA
 from dctms.schema.sizes import nbytes
 from dctms.toolkit.common_ops import _frozen
@@ -112,7 +115,7 @@ def fuse_kernels(
         at = g.producer[cand.output]
         if at in found or at in composite_ops:
             continue
-        matched = _verified(g, cand, bound)
+        matched = _verified(g, cand)
         if matched is not None:
             found[at] = matched[0]
             composite_ops |= matched[1]
@@ -368,7 +371,7 @@ def reference(cand_key: tuple) -> TracedPhase | None:
         return None
 
 
-def _verified(g: _Graph, cand: _Candidate, bound: set[str]) -> tuple[Fused, set[int]] | None:
+def _verified(g: _Graph, cand: _Candidate) -> tuple[Fused, set[int]] | None:
     """The substitution when the candidate is exactly MLX's composite for its arguments."""
     tensors = g.phase.tensors
     if any(t not in tensors for t in cand.inputs) or cand.output not in g.producer:
@@ -393,6 +396,10 @@ def _verified(g: _Graph, cand: _Candidate, bound: set[str]) -> tuple[Fused, set[
     )
     op = TracedOp(cand.primitive, list(cand.args), cand.inputs, (cand.output,))
     composite = tuple(g.phase.ops[i] for i in sorted(ops))
+    charge = sum(fast_ops.scratch_buffers("cpu", cand.primitive, [s for s, _ in specs],
+                                          [d for _, d in specs], list(cand.args)))  # fmt: skip
+    if size > charge:
+        return None  # the charge schema.fast_ops would make is less than this composite holds
     return Fused(op, composite, size), ops
 
 
