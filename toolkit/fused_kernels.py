@@ -9,7 +9,8 @@ arguments); ``compile --fused`` does the same for a CPU plan, whose runner then 
 (its fallback is that very composite).
 
 Found by structure, substituted only where proven: a candidate's arguments are read off the graph
-(eps, the rotary base, scale and dims, the attention scale, the mask), then the call is traced
+(``toolkit.fused_candidates``: eps; the rotary base, scale and dims; the attention scale and
+mask), then the call is traced
 anew on placeholders of the candidate's input shapes and dtypes -- MLX's own composite for those
 arguments -- and matched op for op against the candidate from its output back to its inputs:
 the same primitives, arguments, output shapes and dtypes, inputs in the same order, constants of
@@ -22,18 +23,16 @@ The pass runs before the common-subexpression pass, which then merges what the c
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import mlx.core as mx
-import numpy as np
 
 from dctms.schema import fast_ops
-from dctms.schema.fast_ops import FUSED, RMS_NORM, ROPE, SDPA
+from dctms.schema.fast_ops import FUSED, RMS_NORM, ROPE
 from dctms.schema.sizes import nbytes
 from dctms.toolkit.common_ops import _frozen
+from dctms.toolkit.fused_candidates import Candidate, Graph, candidates
 from dctms.toolkit.lengths import LengthFit, reindexed
 from dctms.toolkit.memory_model import VIEW_ALWAYS
 from dctms.toolkit.trace import DTYPES, TracedOp, TracedPhase, _export
@@ -50,52 +49,6 @@ class Fused:
     internal_bytes: int  # bytes of the composite's intermediates that are not views
 
 
-@dataclass(frozen=True)
-class _Candidate:
-    primitive: str
-    args: tuple
-    inputs: tuple[str, ...]  # phase tensor ids, in the fast call's input order
-    output: str
-
-
-class _Graph:
-    def __init__(self, phase: TracedPhase):
-        self.phase = phase
-        self.producer: dict[str, int] = {}
-        self.readers: dict[str, list[int]] = defaultdict(list)
-        for i, op in enumerate(phase.ops):
-            for t in op.outputs:
-                self.producer[t] = i
-            for t in op.inputs:
-                self.readers[t].append(i)
-        self.constants = {c.id: c for c in phase.constants}
-
-    def op(self, t: str) -> TracedOp | None:
-        i = self.producer.get(t)
-        return self.phase.ops[i] if i is not None else None
-
-    def made_by(self, t: str, *prims: str) -> TracedOp | None:
-        op = self.op(t)
-        return op if op is not None and op.primitive in prims else None
-
-    def sole_reader(self, t: str, *prims: str) -> TracedOp | None:
-        rs = self.readers.get(t, [])
-        if len(rs) != 1:
-            return None
-        op = self.phase.ops[rs[0]]
-        return op if op.primitive in prims else None
-
-    def scalar(self, t: str) -> float | None:
-        """The value of a scalar constant ``t`` reaches through broadcasts, or None."""
-        while (op := self.made_by(t, "Broadcast")) is not None:
-            t = op.inputs[0]
-        c = self.constants.get(t)
-        return float(c.value[0]) if c is not None and len(c.value) == 1 else None
-
-    def shape(self, t: str) -> tuple[int, ...]:
-        return self.phase.tensors[t].shape
-
-
 def fuse_kernels(
     phase: TracedPhase, lf: LengthFit | None = None
 ) -> tuple[TracedPhase, LengthFit | None, list[Fused]]:
@@ -107,11 +60,11 @@ def fuse_kernels(
     rotary angles for its queries and keys, the grouped-query view of a shared mask): a
     composite's op is kept while anything left in the graph reads it (it computes what it did);
     every other op of a composite goes."""
-    g = _Graph(phase)
+    g = Graph(phase)
     bound = {b.id for b in phase.outputs}
     found: dict[int, Fused] = {}  # output op index -> substitution
     composite_ops: set[int] = set()
-    for cand in _candidates(g):
+    for cand in candidates(g):
         at = g.producer[cand.output]
         if at in found or at in composite_ops:
             continue
@@ -145,9 +98,7 @@ def fuse_kernels(
     return fused_phase, lf, [found[i] for i in sorted(found)]
 
 
-def _reachable(
-    g: _Graph, found: dict[int, Fused], composite: set[int], bound: set[str]
-) -> set[int]:
+def _reachable(g: Graph, found: dict[int, Fused], composite: set[int], bound: set[str]) -> set[int]:
     """The composites' ops something outside them still reads (the graph's outputs back through
     every op left and every fused op's inputs)."""
     keep: set[int] = set()
@@ -168,178 +119,6 @@ def _reachable(
             keep.add(i)
         stack.extend(g.phase.ops[i].inputs)
     return keep
-
-
-# ------------------------------------------------------------------------ candidates (by structure)
-
-
-def _candidates(g: _Graph):
-    for op in g.phase.ops:
-        if op.primitive == "Sqrt" and op.args == [True]:
-            yield from _rms_norm(g, op)
-        elif op.primitive == "Concatenate":
-            yield from _rope(g, op)
-        elif op.primitive == "Softmax" and op.args == [True]:
-            yield from _sdpa(g, op)
-
-
-def _rms_norm(g: _Graph, rsqrt: TracedOp):
-    add = g.made_by(rsqrt.inputs[0], "Add")
-    if add is None:
-        return
-    eps = g.scalar(add.inputs[1])
-    mean = g.made_by(add.inputs[0], "Multiply")
-    total = g.made_by(mean.inputs[0], "Reduce") if mean is not None else None
-    square = g.made_by(total.inputs[0], "Square") if total is not None else None
-    if eps is None or square is None:
-        return
-    b = g.sole_reader(rsqrt.outputs[0], "Broadcast")
-    scaled = g.sole_reader(b.outputs[0], "Multiply") if b is not None else None
-    if scaled is None:
-        return
-    t = scaled.outputs[0]
-    cast = g.sole_reader(t, "AsType")
-    if cast is not None:
-        t = cast.outputs[0]
-    final = g.sole_reader(t, "Multiply")
-    if final is None:
-        return
-    w = final.inputs[1]
-    while (wb := g.made_by(w, "Broadcast")) is not None:
-        w = wb.inputs[0]
-    x = square.inputs[0]
-    cast_in = g.made_by(x, "AsType")  # astype(x, float32) of a half-precision x is the composite's
-    for xx in ([cast_in.inputs[0]] if cast_in is not None else []) + [x]:
-        yield _Candidate(RMS_NORM, (eps,), (xx, w), final.outputs[0])
-
-
-def _rope(g: _Graph, concat: TracedOp):
-    if len(concat.inputs) < 2:
-        return
-    first = g.op(concat.inputs[0])
-    traditional = False
-    if first is not None and first.primitive == "ExpandDims":  # traditional: interleaved halves
-        traditional = True
-        first = g.op(first.inputs[0])
-    if first is None or first.primitive not in ("Subtract", "Add"):
-        return
-    m1 = g.made_by(first.inputs[0], "Multiply")
-    x1 = g.made_by(m1.inputs[0], "Slice") if m1 is not None else None
-    cos_b = m1.inputs[1] if m1 is not None else None
-    if x1 is None or cos_b is None:
-        return
-    dims = 2 * g.shape(x1.outputs[0])[-1]
-    cos = g.made_by(_skip(g, cos_b, "Broadcast", "AsType"), "Cos")
-    theta = g.made_by(cos.inputs[0], "Multiply") if cos is not None else None
-    if theta is None:
-        return
-    pos = g.made_by(_skip(g, theta.inputs[0], "Broadcast", "ExpandDims"), "Multiply")
-    inv = g.made_by(_skip(g, theta.inputs[1], "Broadcast"), "Exp")
-    if pos is None or inv is None:
-        return
-    scale = g.scalar(pos.inputs[1])
-    added = g.made_by(pos.inputs[0], "Add")
-    freq = g.made_by(inv.inputs[0], "Multiply")
-    if scale is None or added is None or freq is None:
-        return
-    log_step = g.scalar(freq.inputs[1])
-    offset = _skip(g, added.inputs[1], "Broadcast", "AsType", "ExpandDims")
-    if log_step is None or offset is None:
-        return
-    out = concat.outputs[0]
-    reshaped = g.sole_reader(out, "Reshape")
-    outs = [out, reshaped.outputs[0]] if reshaped is not None else [out]
-    x = x1.inputs[0]
-    xs = [x]
-    lifted = g.made_by(x, "ExpandDims", "Flatten")
-    if lifted is not None:
-        xs.append(lifted.inputs[0])
-    for base in _bases(log_step, dims // 2):
-        for xx in xs:
-            for o in outs:
-                yield _Candidate(ROPE, (dims, traditional, base, scale, True), (xx, offset), o)
-
-
-def _skip(g: _Graph, t: str, *prims: str) -> str:
-    """Back from ``t`` through the one-input ops of ``prims``."""
-    while (op := g.made_by(t, *prims)) is not None:
-        t = op.inputs[0]
-    return t
-
-
-def _bases(log_step: float, half: int) -> list[float]:
-    """Rotary bases whose float32 log(base) / half may be ``log_step``: the nearest integer first
-    (mlx-lm's rope_theta), then float32 neighbours of exp(log_step * half)."""
-    approx = math.exp(log_step * half)
-    out = [float(round(approx))]
-    f = np.float32(approx)
-    for k in range(-2, 3):
-        v = float(f + np.float32(k) * np.spacing(f))
-        if v not in out and v > 0:
-            out.append(v)
-    return out
-
-
-def _sdpa(g: _Graph, softmax: TracedOp):
-    scores = softmax.inputs[0]
-    masked = g.made_by(scores, "Select", "Add")
-    mask = None
-    if masked is not None:
-        if masked.primitive == "Select":
-            mask, scores = masked.inputs[0], masked.inputs[1]
-        else:
-            scores, mask = masked.inputs
-    qk = g.made_by(scores, "Matmul")
-    pv = g.sole_reader(softmax.outputs[0], "Matmul")
-    if qk is None or pv is None:
-        return
-    grouped = g.made_by(qk.inputs[0], "Unflatten")
-    qs = grouped.inputs[0] if grouped is not None else qk.inputs[0]
-    scaled = g.made_by(qs, "Multiply")
-    scale = g.scalar(scaled.inputs[0]) if scaled is not None else None
-    if scale is None:
-        return
-    q = scaled.inputs[1]
-    k = _back(g, qk.inputs[1], ["Broadcast?", "Transpose", *(["ExpandDims"] if grouped else [])])
-    v = _back(g, pv.inputs[1], ["Broadcast?", *(["ExpandDims"] if grouped else [])])
-    if k is None or v is None:
-        return
-    out = pv.outputs[0]
-    flat = g.sole_reader(out, "Flatten") if grouped is not None else None
-    if flat is not None:
-        out = flat.outputs[0]
-    want = (*g.shape(q)[:-1], g.shape(k)[2])
-    scales = _scales(scale, g.phase.tensors[q].dtype, g.shape(q)[-1])
-    if mask is None:
-        for s in scales:
-            yield _Candidate(SDPA, (s, False, False, False), (q, k, v), out)
-        return
-    m = mask
-    while g.shape(m) != want and (op := g.made_by(m, "Unflatten", "ExpandDims")) is not None:
-        m = op.inputs[0]
-    for s in scales:
-        if g.shape(m) == want:
-            yield _Candidate(SDPA, (s, False, False, False), (q, k, v, m), out)
-        yield _Candidate(SDPA, (s, True, False, False), (q, k, v), out)  # mask="causal"
-
-
-def _back(g: _Graph, t: str, chain: list[str]) -> str | None:
-    for step in chain:
-        optional = step.endswith("?")
-        op = g.made_by(t, step.rstrip("?"))
-        if op is None:
-            if optional:
-                continue
-            return None
-        t = op.inputs[0]
-    return t
-
-
-def _scales(value: float, dtype: str, head_dim: int) -> list[float]:
-    """The attention scale: 1/sqrt(head_dim) in float32 when the recorded constant is its
-    rounding to q's dtype (mlx-lm's scale, which a GPU kernel uses unrounded), else the value."""
-    exact = float(np.float32(1.0 / math.sqrt(head_dim)))
-    return [exact, value] if exact != value else [value]
 
 
 # --------------------------------------------------------------------------------- verification
@@ -371,7 +150,7 @@ def reference(cand_key: tuple) -> TracedPhase | None:
         return None
 
 
-def _verified(g: _Graph, cand: _Candidate) -> tuple[Fused, set[int]] | None:
+def _verified(g: Graph, cand: Candidate) -> tuple[Fused, set[int]] | None:
     """The substitution when the candidate is exactly MLX's composite for its arguments."""
     tensors = g.phase.tensors
     if any(t not in tensors for t in cand.inputs) or cand.output not in g.producer:
@@ -406,7 +185,7 @@ def _verified(g: _Graph, cand: _Candidate) -> tuple[Fused, set[int]] | None:
 class _Matcher:
     """Unifies the reference composite with the phase graph from the output back."""
 
-    def __init__(self, g: _Graph, ref: TracedPhase, placeholders: dict[str, str]):
+    def __init__(self, g: Graph, ref: TracedPhase, placeholders: dict[str, str]):
         self.g, self.ref = g, ref
         self.placeholders = placeholders
         self.ref_constants = {c.id: c for c in ref.constants}
@@ -458,11 +237,6 @@ class _Matcher:
         for a, b in zip(ro.outputs, po.outputs, strict=True):
             self.tmap[a] = b
         return all(self.unify(a, b) for a, b in zip(ro.inputs, po.inputs, strict=True))
-
-
-def expanded_bytes(fused: list[Fused]) -> int:
-    """The largest composite's intermediates (what one fallback call may hold at once)."""
-    return max((f.internal_bytes for f in fused), default=0)
 
 
 def expanded(phase: TracedPhase) -> TracedPhase:
