@@ -87,6 +87,13 @@ def add_compile_options(parser: argparse.ArgumentParser, *, memory_required: boo
         "the CPU on any machine and planned by its allocator as modelled from MLX's source "
         "(not measured; see docs: targets)",
     )
+    parser.add_argument(
+        "--fused",
+        action="store_true",
+        help="MLX's fused kernels (mx.fast rms_norm, rope, scaled_dot_product_attention) as plan "
+        "ops in a CPU plan, each charged with the composite MLX's CPU falls back to (a GPU "
+        "target has them always)",
+    )
     parser.add_argument("--alignment", type=int, default=64, help="arena alignment in bytes (64)")
     parser.add_argument(
         "--pack-seconds",
@@ -258,6 +265,7 @@ def compile_options(
         parallel=args.parallel,
         split=rank_split(args),
         sampling=getattr(args, "sampling", False),
+        fused=getattr(args, "fused", False),
     )
 
 

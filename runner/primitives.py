@@ -11,6 +11,10 @@ creates exactly that primitive and nothing else: ``keepdims=True`` for reduction
 The argument layouts are those of the installed MLX (``Primitive::state()`` as the exporter reports
 it); they are version-specific, which is why the plan records the MLX version.
 
+MLX's fused kernels (``RMSNorm``, ``RoPE``, ``ScaledDotProductAttention``; ``schema.fast_ops``) are one
+``mx.fast`` call each: one primitive on a GPU, MLX's composite on the CPU (the plan charges that
+composite's intermediates to the op's scratch and checked its order at compile time).
+
 One primitive has no single Python call: ``Gather`` is only reachable through ``mx.take``, which
 always appends a ``Squeeze`` of the gathered axis. See :func:`_gather` for how the pair still comes out
 1:1 when the plan's next op is that very ``Squeeze`` (the embedding lookup in every model).
@@ -465,6 +469,39 @@ _LINALG: dict[str, Handler] = {
     "GatherQMM": _gather_qmm,
 }
 
+def _rms_norm(args: list, x: list[mx.array]) -> mx.array:
+    # fast::RMSNorm [eps]; inputs: x, weight. On the CPU MLX runs its composite (the plan charges it).
+    return mx.fast.rms_norm(x[0], x[1], float(args[0]))
+
+
+def _rope(args: list, x: list[mx.array]) -> mx.array:
+    # fast::RoPE [dims, traditional, base, scale, forward]; inputs: x, offset (int32)
+    dims, traditional, base, scale, forward = args
+    if not forward:
+        raise DctmsError(f"unsupported primitive RoPE {args_to_plain(args)}: the inverse rotation")
+    return mx.fast.rope(
+        x[0], int(dims), traditional=bool(traditional), base=float(base), scale=float(scale),
+        offset=x[1],
+    )  # fmt: skip
+
+
+def _sdpa(args: list, x: list[mx.array]) -> mx.array:
+    # fast::ScaledDotProductAttention [scale, do_causal, has_sinks, output_logsumexp];
+    # inputs: q, k, v[, the mask broadcast to (B, n_q_heads, L, S)]
+    scale, causal, sinks, logsumexp = args
+    if sinks or logsumexp:
+        raise DctmsError(f"unsupported primitive ScaledDotProductAttention {args_to_plain(args)}")
+    mask = x[3] if len(x) > 3 else ("causal" if causal else None)
+    return mx.fast.scaled_dot_product_attention(x[0], x[1], x[2], scale=float(scale), mask=mask)
+
+
+# MLX's fused kernels (schema.fast_ops): one mx.fast call each.
+_FAST: dict[str, Handler] = {
+    "RMSNorm": _rms_norm,
+    "RoPE": _rope,
+    "ScaledDotProductAttention": _sdpa,
+}
+
 _CREATION.update(collectives.CREATION)
 
 _HANDLERS: dict[str, Handler] = {
@@ -475,6 +512,7 @@ _HANDLERS: dict[str, Handler] = {
     **_GATHERS,
     **_LINALG,
     **_RANDOM,
+    **_FAST,
     **collectives.HANDLERS,  # a rank's plan (mlx.distributed)
 }
 

@@ -20,6 +20,8 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from dctms.schema.fast_ops import FUSED
+from dctms.schema.fast_ops import out_shape as fused_shape
 from dctms.schema.sizes import ITEMSIZE
 from dctms.schema.types import Phase
 
@@ -194,6 +196,11 @@ def _out_shapes(
     prim: str, args: list, ins: list[Shape], itemsizes: list[int]
 ) -> list[Shape] | None:
     """Output shapes of one primitive, or None for a primitive this module does not model."""
+    if prim in FUSED:  # mx.fast kernels (schema.fast_ops; the rule fused_kernels checks inputs)
+        try:
+            return [fused_shape(prim, args, ins)]
+        except IndexError:
+            raise EvalError(f"{prim} of inputs {[list(s) for s in ins]}") from None
     if prim in _UNARY_OR_BINARY:
         shape = broadcast(ins)
         return [shape, shape] if prim == "DivMod" else [shape]
@@ -337,8 +344,8 @@ def _dtype_range(dtype: str) -> Range:
     if dtype == "bool":
         return 0, 1
     for kind, signed in (("uint", False), ("int", True)):
-        if dtype.startswith(kind) and dtype[len(kind):].isdigit():
-            bits = int(dtype[len(kind):])
+        if dtype.startswith(kind) and dtype[len(kind) :].isdigit():
+            bits = int(dtype[len(kind) :])
             return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
     return None
 

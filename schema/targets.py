@@ -29,6 +29,12 @@ records no ``MemoryModel`` (MLX's CPU allocator, with the buffer cache the runne
   held at op j when fewer than (10 + 1) x (max_ops_per_buffer + 1) kernel ops lie between them;
 * more than 499,000 live buffers throw (device_info.cpp:41, allocator.cpp:140-146).
 
+Fused kernels (``mx.fast.rms_norm``, ``rope``, ``scaled_dot_product_attention``) are one plan op
+each on both GPU targets (``toolkit.fused_kernels`` substitutes them for the CPU trace's
+composites); what each may hold besides its output is ``schema.fast_ops``: on Metal the kernel's
+own buffers (attention's input copies and two-pass partials) or, for shapes its kernel does not
+take, the composite's intermediates.
+
 **cuda** (mlx/backend/cuda/allocator.cpp): a request of at most 8 B takes an 8-byte block of a
 small pool (allocator.cpp:24-29, 171-172, 195-197), one under the 16 KiB page is rounded up to a
 power of two (173-174), a larger one to whole pages (175-176); the same buffer cache (185, 143-146)
@@ -70,14 +76,14 @@ CUDA_OPS = {"nvidia-a100-sxm": 20, "nvidia-h100-sxm": 100, "nvidia-h200-sxm": 10
 
 NOT_MODELLED = {
     "metal": [
-        "fused kernels (mx.fast.*): the plan's graph is MLX's composite of each, traced on the CPU",
         "temporaries the GPU kernels allocate themselves (split-K matmul partials, multi-pass "
         "reductions and sorts)",
         "MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER set above their defaults",
         "running into MLX's memory limit (set_memory_limit makes the host wait, it is no cap)",
     ],
     "cuda": [
-        "fused kernels (mx.fast.*): the plan's graph is MLX's composite of each, traced on the CPU",
+        "which attention path MLX's cuda backend takes and cuDNN's workspace (a fused op is "
+        "charged the larger of its composite's and a kernel's copies of every input)",
         "temporaries the GPU kernels allocate themselves (split-K matmul partials, multi-pass "
         "reductions and sorts)",
         "MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER set above their defaults",

@@ -488,6 +488,8 @@ class CompileRequest(_Base):
     # The Hugging Face id the model was named by (`dctms compile ORG/NAME`); None: a folder or a
     # config.json (absent from the file, so those plans are as before).
     hub: HubSource | None = None
+    # compile --fused: MLX's fused kernels as plan ops in a CPU plan (a GPU target has them always)
+    fused: bool = False
 
 
 class Distributed(_Base):

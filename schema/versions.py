@@ -31,6 +31,12 @@ phases (a prompt-prefix pool, ``toolkit.prefix_pool``), ``CompileRequest.prefix_
 ``prefix_cache``, ``Target.memory_model`` (a GPU target's memory model from MLX's source,
 ``schema.targets``) and ``CompileRequest.target``; each absent from plans that do not use it.
 A version 5 plan is refused with the line that says to recompile.
+Also within 6: ``CompileRequest.fused`` (compile --fused) and MLX's fused kernels as ops
+(``RMSNorm``, ``RoPE``, ``ScaledDotProductAttention``, ``schema.fast_ops``) in GPU-target and
+--fused plans. Not a step: a CPU plan without --fused is byte-identical to before; an older dctms
+refuses to read a --fused plan (an unknown field), and its runner refuses a fused op (a primitive
+it cannot re-create) in one line; an older verifier reads a GPU-target plan's fused ops as opaque
+primitives of their recorded shapes, which they are (it lacks the rule ``fused_kernels``).
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """

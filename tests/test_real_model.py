@@ -71,11 +71,13 @@ def mlx_lm_chat(model_and_tokenizer, text: str, max_tokens: int) -> tuple[list[i
     return prompt, out
 
 
-def dctms_run(folder: Path, tmp: Path, text: str, n: int, m: int, chunk: int) -> dict:
+def dctms_run(
+    folder: Path, tmp: Path, text: str, n: int, m: int, chunk: int, *extra: str
+) -> dict:
     plan = tmp / f"smollm2-{n}-{chunk}.plan"
     compiled = subprocess.run(
         [sys.executable, "-m", "dctms.cli.main", "compile", str(folder), "-N", str(n), "-M",
-         str(m), "--prefill-chunk", str(chunk), "-o", str(plan), "-q"],
+         str(m), "--prefill-chunk", str(chunk), "-o", str(plan), "-q", *extra],
         capture_output=True, text=True,
     )
     assert compiled.returncode == 0, compiled.stderr
@@ -118,6 +120,27 @@ def test_several_prefill_chunks_ids_equal_mlx_lm(
     assert report["tokens"] == ids
     assert report["within_envelope"]
     assert 1.0 <= report["envelope_over_observed"] <= GOAL
+
+
+def test_fused_kernels_plan_ids_equal_mlx_lm_within_the_envelope(
+    smollm2: Path, mlx_lm_model, tmp_path: Path
+) -> None:
+    # --fused: every rms_norm, rope and attention one mx.fast op (151 a phase), which MLX's CPU
+    # runs as its composite; the plan charges that composite, so the envelope still bounds it.
+    report = dctms_run(smollm2, tmp_path, LONG, 96, 24, 16, "--fused")
+    prompt, ids = mlx_lm_chat(mlx_lm_model, LONG, 24)
+    assert report["prompt_tokens"] == prompt
+    assert report["tokens"] == ids
+    assert report["within_envelope"]
+    ratio = report["envelope_over_observed"]
+    print(f"SmolLM2 --fused: provable/observed = {ratio:.4f}", file=sys.stderr)
+    assert ratio >= 1.0
+    from dctms.schema.io import read_plan
+
+    plan = read_plan(tmp_path / "smollm2-96-16.plan")
+    fast = [o.primitive for p in plan.phases for o in p.ops]
+    for name, count in (("RMSNorm", 61), ("RoPE", 60), ("ScaledDotProductAttention", 30)):
+        assert fast.count(name) == count * len(plan.phases)
 
 
 def test_four_bit_copy_compiles_with_exact_weight_bytes(smollm2: Path, tmp_path: Path) -> None:

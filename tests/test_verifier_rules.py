@@ -724,6 +724,8 @@ CASES: list[tuple[str, str, Break]] = [
     ("persistent_state", "no persistent state", lambda p: _with_prefill(p)),
     ("runtime_floor", "runtime below the process baseline", lambda p: _with_prefill(p)),
     ("dynamic_scratch", "DynamicSliceUpdate without its offset", lambda p: _no_dynamic_scratch(p)),
+    # mx.fast kernels (schema/rules_fused.py; tests/test_fused_kernels.py breaks real plans)
+    ("fused_kernels", "an RMSNorm whose eps is an int", lambda p: op(p, 1, primitive="RMSNorm", args=[1])),
     (
         "run_ahead",
         "run-ahead declared, lifetimes not widened",

@@ -17,6 +17,7 @@ import msgspec
 
 import dctms
 from dctms.schema.errors import DctmsError, InternalError
+from dctms.schema.fast_ops import FUSED
 from dctms.schema.fingerprint import HeaderTensor, file_sha256, layout_sha256
 from dctms.schema.model_folder import ModelFolder
 from dctms.schema.sizes import (
@@ -24,11 +25,12 @@ from dctms.schema.sizes import (
     THROTTLED_RUN_AHEAD,
     cast_overshoot,
     is_arena_tenant,
+    live_bytes,
     nbytes,
     recorded_run_ahead,
     slack_bytes,
 )
-from dctms.schema.targets import overhead, run_ahead_budget
+from dctms.schema.targets import GPU_TARGETS, overhead, run_ahead_budget
 from dctms.schema.types import (
     SCHEMA_VERSION,
     TENSOR_VARIANTS,
@@ -63,6 +65,7 @@ from dctms.toolkit import assign, caches, limits, prefix_pool
 from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.fuse_projections import conflicting_weights, fuse_projections
+from dctms.toolkit.fused_kernels import expanded, fuse_kernels
 from dctms.toolkit.lengths import (
     ROWS,
     TOKEN_STEP,
@@ -73,6 +76,7 @@ from dctms.toolkit.lengths import (
     NotAffine,
     digest,
     fit,
+    instantiate,
     prefill_candidates,
     rows_candidates,
     rows_grid,
@@ -165,6 +169,10 @@ class CompileOptions:
     # as ``prefix_cache`` bytes hold.
     prefix_blocks: int = 0
     prefix_cache: int | None = None
+    # MLX's fused kernels as plan ops (toolkit.fused_kernels): always on a GPU target, whose GPU
+    # runs them; ``fused`` asks for them in a CPU plan too (the runner's mx.fast calls fall back to
+    # the composite there, which each op's scratch is charged with).
+    fused: bool = False
 
 
 def _check_options(opts: CompileOptions) -> None:
@@ -195,6 +203,10 @@ def _check_options(opts: CompileOptions) -> None:
         raise DctmsError("give --prefix-blocks or --prefix-cache, not both")
     if opts.dtype is not None and opts.dtype not in DTYPES:
         raise DctmsError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype}")
+    if opts.fused and (opts.ranks != 1 or opts.parallel is not None):
+        raise DctmsError("--fused is not supported with --ranks/--parallel yet")
+    if opts.fused and opts.backend == "gpu":
+        raise DctmsError("--fused with --backend gpu: a GPU trace holds MLX's kernels already")
 
 
 def _check_sampling(opts: CompileOptions) -> None:
@@ -336,6 +348,9 @@ def plan_model(
                 rules=memory_rules(settings.backend, opts.run_ahead, settings.memory_model),
             )
         )
+    if settings.memory_model is None and settings.backend == "cpu":
+        for tp, phase in zip(traced.phases, phases, strict=True):
+            check_fallback(tp, phase, ridge, opts, say, fits.get(tp.name))
     return ModelPart(
         traced,
         capacity,
@@ -344,6 +359,51 @@ def plan_model(
         state_tensors(traced, settings.allocator_slack, settings.memory_model, weights),
         ranked[0] if ranked else None,
     )
+
+
+def check_fallback(
+    tp: TracedPhase,
+    phase: Phase,
+    ridge: float,
+    opts: CompileOptions,
+    say: Callable[[str], None],
+    lf: LengthFit | None = None,
+) -> None:
+    """A CPU plan's fused ops run as MLX's composites (``mx.fast`` falls back on the CPU), whose
+    graph MLX orders as a whole. So the phase with every fused op expanded to its composite is
+    scheduled in MLX's own order (pass 2) and its lifetimes taken under the CPU's rules (pass 3),
+    at the bound and at every verified length point; the most bytes it holds live at once must fit
+    the arena the plan claims, or the compile is refused (the plan would claim less than the
+    runner's MLX may hold)."""
+    if not any(op.primitive in FUSED for op in tp.ops):
+        return
+    claim = phase.arena_bytes + phase.slack_bytes
+    points = [tuple(p) for p in phase.lengths.points] if lf and phase.lengths else []
+    need, where = 0, "the bound"
+    for point in [None, *points]:
+        at = tp if point is None else instantiate(tp, lf, point)
+        full = expanded(at)
+        views = {i for i, op in enumerate(full.ops) if op.primitive in VIEW_ALWAYS | RESHAPES}
+        sched = build_schedule(full, views, ridge, opts.sync_every)
+        lives = analyse(full, sched, memory_rules("cpu", opts.run_ahead))
+        spans = [
+            (*lives.slot_interval[t], -(-life.bytes // opts.alignment) * opts.alignment)
+            for t, life in lives.lives.items()
+            if life.kind in ARENA_KINDS
+        ]
+        held = max(live_bytes(spans, len(sched.slots)), default=0)
+        if held > need:
+            need, where = held, "the bound" if point is None else f"length point {list(point)}"
+    say(
+        f"{tp.name}: MLX's composites of its fused ops hold at most {need} bytes at "
+        f"{len(points) + 1} points (arena {claim})"
+    )
+    if need > claim:
+        raise DctmsError(
+            f"--fused: the composites MLX's CPU runs for {tp.name}'s fused ops may hold {need} "
+            f"bytes at once at {where}, more than the {claim} bytes its arena claims; compile "
+            "without --fused"
+        )
 
 
 def check_cast_overshoot(weights: Weights, envelope) -> None:
@@ -466,7 +526,7 @@ def trace_source(
     traced = replace(traced, prefix_blocks=blocks)
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:
-        return _merged(traced, fits, say, _fuses(opts)), capacity, fits
+        return _merged(traced, fits, say, _fuses(opts), _kernels(opts)), capacity, fits
     special = sorted({r.slots for r in rings if isinstance(r, caches.Ring)})
     found_start = (
         [(caches.PREFILL_START, caches.fit_start(tracer, start[0], chunk))]
@@ -484,17 +544,27 @@ def trace_source(
             say(f"{name}: fixed lengths ({found})")
         else:
             fits[name] = found
-    return _merged(traced, fits, say, _fuses(opts)), capacity, fits
+    return _merged(traced, fits, say, _fuses(opts), _kernels(opts)), capacity, fits
 
 
 def _merged(
-    traced: Traced, fits: dict[str, LengthFit], say: Callable[[str], None], fuse: bool
+    traced: Traced,
+    fits: dict[str, LengthFit],
+    say: Callable[[str], None],
+    fuse: bool,
+    kernels: bool = False,
 ) -> Traced:
-    """Passes 1c and 1d on every phase (``toolkit.common_ops``, ``toolkit.fuse_projections``
-    where ``fuse``); ``fits`` re-indexed in place."""
+    """Passes 1b' (``toolkit.fused_kernels``, where ``kernels``), 1c and 1d on every phase
+    (``toolkit.common_ops``, ``toolkit.fuse_projections`` where ``fuse``); ``fits`` re-indexed in
+    place."""
     phases, fused, merged_phases = [], {}, []
     for tp in traced.phases:
-        merged, fit = merge_common_ops(tp, fits.get(tp.name))
+        fit = fits.get(tp.name)
+        if kernels:
+            tp, fit, found = fuse_kernels(tp, fit)
+            if found:
+                say(f"{tp.name}: {len(found)} mx.fast kernels as plan ops")
+        merged, fit = merge_common_ops(tp, fit)
         if merged is not tp:
             say(f"{tp.name}: {len(tp.ops) - len(merged.ops)} repeated primitives merged")
         merged_phases.append((merged, fit))
@@ -511,6 +581,11 @@ def _merged(
             fits[tp.name] = fit
         phases.append(merged)
     return replace(traced, phases=phases, fused=fused)
+
+
+def _kernels(opts: CompileOptions) -> bool:
+    """MLX's fused kernels are plan ops on a GPU target (its GPU runs them) and with ``--fused``."""
+    return opts.fused or (opts.target is not None and opts.target.partition("-")[0] in GPU_TARGETS)
 
 
 def _fuses(opts: CompileOptions) -> bool:

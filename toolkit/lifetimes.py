@@ -41,10 +41,18 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
+from dctms.schema.fast_ops import FUSED, scratch_bytes
 from dctms.schema.sizes import FREE_RUN_AHEAD, ITEMSIZE, nbytes, run_ahead_end
 from dctms.schema.targets import kernel_ops
 from dctms.schema.types import MemoryModel
-from dctms.toolkit.memory_model import Layout, OpMemory, donated_layout, op_memory, row_major
+from dctms.toolkit.memory_model import (
+    Layout,
+    OpMemory,
+    donated_layout,
+    kernel_copies,
+    op_memory,
+    row_major,
+)
 from dctms.toolkit.schedule import Schedule
 from dctms.toolkit.trace import TracedPhase
 
@@ -202,10 +210,10 @@ def analyse(
                 lives[t] = Life(t, info.shape, info.dtype, size, kind, None, pos, pos)
                 if eff.keep_source:
                     keep_alive.append((root_of(op.inputs[eff.source]), t))
-        if mem.scratch:
-            sid = f"scratch.{pos}"
+        if scratch[pos]:
+            sid, size = f"scratch.{pos}", scratch[pos]
             lives[sid] = Life(
-                sid, (mem.scratch,), "uint8", mem.scratch, "scratch", None, pos, pos, scratch_of=pos
+                sid, (size,), "uint8", size, "scratch", None, pos, pos, scratch_of=pos
             )
 
     last = n - 1
@@ -257,11 +265,21 @@ def op_cost(
         facts.out_dtypes[pos],
         input_is_state,
     )
+    scratch = mem.scratch
+    if primitive in FUSED:  # an mx.fast kernel: what its call may hold besides its output
+        scratch = scratch_bytes(
+            rules.model,
+            primitive,
+            [layout.shape for layout in inputs],
+            facts.in_dtypes[pos],
+            args,
+            kernel_copies(primitive, inputs),
+        )
     if rules.kernels:
         views_only = bool(mem.effects) and all(e.kind == "view" for e in mem.effects)
         empty = all(math.prod(s) == 0 for s in out_shapes)
-        return mem, mem.scratch, kernel_ops(primitive, views_only, empty)
-    return mem, mem.scratch, mem.dispatches
+        return mem, scratch, kernel_ops(primitive, views_only, empty)
+    return mem, scratch, mem.dispatches
 
 
 def _read(lives: dict[str, Life], t: str, pos: int, root_of) -> None:

@@ -227,6 +227,42 @@ def op_memory(
     return OpMemory(tuple(Effect("alloc", None, row_major(tuple(s))) for s in out_shapes), 0, 2)
 
 
+def kernel_copies(primitive: str, inputs: list[Layout]) -> list[bool]:
+    """Which inputs Metal's attention kernel copies to a contiguous layout first (its predicates,
+    mlx/backend/metal/scaled_dot_product_attention.cpp:666-749); rms_norm and rope copy a strided
+    x into their output itself (normalization.cpp:24-45, rope.cpp:44-50). Metal plans use these."""
+    if primitive != "ScaledDotProductAttention" or any(len(x.shape) != 4 for x in inputs):
+        return [False] * len(inputs)
+    q = inputs[0]
+    if q.shape[2] > 8:  # full attention: copy unless the head axis has stride 1 (681-684, 764-766)
+        return [x.strides[-1] != 1 for x in inputs]
+
+    def q_ok(x: Layout) -> bool:  # 693-705
+        if x.row:
+            return True
+        if x.shape[0] != 1 and x.shape[1] != 1:
+            return False
+        b = 1 if x.shape[0] == 1 else 0
+        return (
+            x.strides[3] == 1
+            and x.strides[2] == x.shape[3] * x.shape[b]
+            and x.strides[b] == x.shape[3]
+        )
+
+    def kv_ok(x: Layout) -> bool:  # 707-720
+        if x.strides[-1] != 1:
+            return False
+        return x.shape[0] == 1 or x.shape[1] == 1 or x.strides[0] == x.strides[1] * x.shape[1]
+
+    def mask_ok(x: Layout) -> bool:  # 737-742
+        return (
+            x.row or q.shape[0] == 1 or q.shape[1] == 1 or x.strides[0] == x.strides[1] * x.shape[1]
+        )
+
+    flags = [not q_ok(q), not kv_ok(inputs[1]), not kv_ok(inputs[2])]
+    return flags + [not mask_ok(m) for m in inputs[3:]]
+
+
 def conv_scratch(
     args: list, inputs: list[Layout], input_dtypes: list[str], out: tuple[int, ...], out_dtype: str
 ) -> int:

@@ -47,7 +47,26 @@ def _header(plan: Plan) -> str:
         f"target {target}{' (' if model is None else ' '}alignment {h.alignment})\n"
         f"schema v{h.schema_version}; compiled by {h.generator}"
     )
+    fused = fused_kernels_text(plan)
+    text = text if not fused else text + "\n" + fused
     return text if model is None else text + "\n" + memory_model_text(plan)
+
+
+FAST = ("RMSNorm", "RoPE", "ScaledDotProductAttention")
+
+
+def fused_kernels_text(plan: Plan) -> str:
+    """How many ops are MLX's fused kernels, and what their scratch is charged from."""
+    n = sum(1 for p in plan.phases for o in p.ops if o.primitive in FAST)
+    if not n:
+        return ""
+    model = plan.target.memory_model
+    how = (
+        "the composite MLX's CPU runs for it (all its intermediates at once)"
+        if model is None
+        else f"MLX's {model.name} kernel source, not measured"
+    )
+    return f"fused kernels: {n} mx.fast ops, each charged its scratch from {how}"
 
 
 def memory_model_text(plan: Plan) -> str:
