@@ -116,6 +116,7 @@ def compile_plan(
     sampling: bool = False,
     prefix_blocks: int = 0,
     prefix_cache: int | str | None = None,
+    fused: bool = False,
     progress: Progress | None = None,
 ) -> Plan:
     """Compile the memory plan of an mlx-lm model for prompts of at most ``input_tokens`` tokens
@@ -140,7 +141,8 @@ def compile_plan(
     model from MLX's source: the graph is traced on the CPU on any machine; see the docs' Targets).
     ``batch`` > 1 plans that many slots (sequences in flight at once, each at its own position;
     ``dctms.runner.batch``); ``prefix_blocks`` (or ``prefix_cache``, bytes or a size) adds a
-    prompt-prefix pool of that many blocks (``dctms.toolkit.prefix_pool``). ``progress`` receives one line per compiler pass. Weights are never loaded.
+    prompt-prefix pool of that many blocks (``dctms.toolkit.prefix_pool``). ``fused`` is
+    ``--fused``: mx.fast's kernels as single plan ops in a CPU plan (``dctms.toolkit.fused_kernels``). ``progress`` receives one line per compiler pass. Weights are never loaded.
     """
     from dctms.figures.budget import shortfall
     from dctms.schema.model_folder import open_model
@@ -173,6 +175,7 @@ def compile_plan(
         parallel=parallel,
         split=split,
         sampling=sampling,
+        fused=fused,
         prefix_blocks=prefix_blocks,
         prefix_cache=_bytes(prefix_cache, "prefix_cache"),
     )
@@ -242,6 +245,7 @@ def fit(
     sampling: bool = False,
     prefix_blocks: int = 0,
     prefix_cache: int | str | None = None,
+    fused: bool = False,
     progress: Progress | None = None,
 ) -> FitResult:
     """The largest N (give ``output_tokens``) or M (give ``input_tokens``) whose M_max fits
@@ -292,6 +296,7 @@ def fit(
         parallel=parallel,
         split=split,
         sampling=sampling,
+        fused=fused,
         prefix_blocks=prefix_blocks,
         prefix_cache=_bytes(prefix_cache, "prefix_cache"),
     )
