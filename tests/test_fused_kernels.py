@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from msgspec.structs import replace
+from test_compiler_families import FAMILIES as COMPILER_FAMILIES
 
 from dctms.runner.primitives import apply_op
 from dctms.schema.fast_ops import FUSED, RMS_NORM, ROPE, SDPA, scratch_buffers, scratch_bytes
@@ -324,16 +325,7 @@ FAMILIES = {
     "phi3": {"model_type": "phi3"},
     "olmo2": {"model_type": "olmo2"},
     # llama3's rope scaling passes freqs to mx.fast.rope: that composite is left as it is
-    "llama3-rope": {
-        "model_type": "llama",
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 1024,
-        },
-    },
+    "llama3-rope": COMPILER_FAMILIES["llama3-rope"],
 }
 
 
