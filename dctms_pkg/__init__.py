@@ -256,8 +256,12 @@ def fit(
     ``result.plan`` is the rank with the largest M_max). The probes compile
     without the length points (the envelope is the same); ``result.plan`` is compiled with the
     options as given."""
+    from dataclasses import replace
+
     from dctms.schema.model_folder import open_model
+    from dctms.toolkit.compiler import DEFAULT_CHUNK, length_extent
     from dctms.toolkit.compiler import compile_plan as _compile
+    from dctms.toolkit.kinds.distributed import widest_rank
     from dctms.views.fit import DEFAULT_CAP, largest_fitting, max_positions
 
     if (input_tokens is None) == (output_tokens is None):
@@ -300,23 +304,35 @@ def fit(
         prefix_blocks=prefix_blocks,
         prefix_cache=_bytes(prefix_cache, "prefix_cache"),
     )
-    if ranks > 1:
-        from dctms.toolkit.kinds.distributed import widest_rank as _compile  # noqa: F811
-
     def bounds(value: int) -> tuple[int, int]:
         return (value, fixed) if search_n else (fixed, value)
 
+    base = _options(*bounds(1), **fields, real_lengths=False)
+
     def measure(value: int) -> int:
-        plan = _compile(source, _options(*bounds(value), **fields, real_lengths=False))
+        n, m = bounds(value)
+        opts = replace(base, input_tokens=n, output_tokens=m)
+        if ranks > 1:
+            plan = widest_rank(source, opts, probe=True)
+        else:
+            plan = _compile(source, opts, probe=True)
         if progress is not None:
             progress(f"{'N' if search_n else 'M'} = {value:,}: M_max {plan.envelope.total:,}")
         return plan.envelope.total
 
-    found = largest_fitting(measure, budget, cap) if cap >= 1 else None
+    # as `dctms fit`: the cap first, one compile per length key, probes on the chunk grid
+    step = (base.prefill_chunk or DEFAULT_CHUNK) if search_n else 1
+    extent = length_extent(base, search_n, cap)
+    found = (
+        largest_fitting(measure, budget, cap, hint=cap, step=step, extent=extent)
+        if cap >= 1
+        else None
+    )
     best = found.best if found is not None else None
     plan = None
     if best is not None:
-        plan = _compile(source, _options(*bounds(best), **fields, real_lengths=real_lengths))
+        final = _options(*bounds(best), **fields, real_lengths=real_lengths)
+        plan = widest_rank(source, final) if ranks > 1 else _compile(source, final)
     return FitResult(
         searched="input_tokens" if search_n else "output_tokens",
         value=best,

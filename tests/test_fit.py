@@ -131,6 +131,66 @@ def test_search_is_exact_on_monotone_functions_of_any_shape():
             assert not result.probe(truth + 1).fits
 
 
+def _classes_and_curve(rng, cap: int, chunk: int, m: int):
+    """A compile-like M_max over N: equal on each length class (a plateau while the padded prompt
+    holds N + M, then one class per N), growing per class and jumping at each chunk."""
+    extent = {}
+    for v in range(1, cap + 1):
+        k = -(-v // chunk)
+        plateau = v + m <= k * chunk
+        extent[v] = ((k - 1) * chunk + 1, min(k * chunk - m, cap)) if plateau else (v, v)
+    curve = [0] * (cap + 2)
+    for v in range(1, cap + 2):
+        k = -(-v // chunk)
+        width = v + m if v + m > k * chunk else k * chunk
+        curve[v] = 5_000 + 3 * width + 40 * k * chunk + rng.randint(0, 2)
+    for v in range(2, cap + 2):  # monotone, and equal within a class
+        curve[v] = max(curve[v], curve[v - 1])
+    for v in range(1, cap + 1):
+        first, last = extent[v]
+        curve[v] = curve[last]
+    return extent, curve
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_search_with_length_classes_is_exact_and_compiles_once_per_class(seed):
+    import random
+
+    rng = random.Random(seed)
+    cap, chunk, m = 3_000, rng.choice([64, 128, 256]), rng.choice([16, 40])
+    extent, curve = _classes_and_curve(rng, cap, chunk, m)
+    budget = rng.randint(curve[1], curve[cap] + 5)
+    measure, calls = counted(lambda v: curve[v])
+    hint = rng.choice([None, cap, rng.randint(2, cap)])
+    result = largest_fitting(
+        measure, budget, cap, hint=hint, step=chunk, extent=lambda v: extent[v]
+    )
+    truth = max((v for v in range(1, cap + 1) if curve[v] <= budget), default=None)
+    assert result.best == truth
+    # never two compiles of one class, and each compile is its class's largest value
+    assert len({extent[v] for v in calls}) == len(calls)
+    assert all(extent[v][1] == v for v in calls)
+    assert len(calls) <= 10, calls
+    if truth is not None and truth < cap:
+        over = result.probe(truth + 1)
+        assert over is not None and not over.fits and over.first <= truth + 1 <= over.value
+
+
+def test_search_without_classes_creeps_where_the_classes_jump():
+    # The same compile-like curve searched value by value takes many more compiles: what the
+    # classes and the chunk grid save (`dctms fit` on the 7B at 8 GiB: 27 compiles -> 10).
+    import random
+
+    extent, curve = _classes_and_curve(random.Random(3), 3_000, 256, 16)
+    budget = curve[1_500]
+    plain, plain_calls = counted(lambda v: curve[v])
+    classed, classed_calls = counted(lambda v: curve[v])
+    a = largest_fitting(plain, budget, 3_000, hint=3_000)
+    b = largest_fitting(classed, budget, 3_000, hint=3_000, step=256, extent=lambda v: extent[v])
+    assert a.best == b.best
+    assert len(classed_calls) < len(plain_calls)
+
+
 def test_max_positions():
     assert max_positions({"max_position_embeddings": 4096}) == 4096
     assert max_positions({"text_config": {"max_position_embeddings": 8192}}) == 8192
@@ -177,7 +237,7 @@ def test_fit_m_text_and_max_position_cap(tmp_path, capsys):
         lines[1] == "  stopped at max_position_embeddings 64 (N + M); the budget would allow more"
     )
     assert "total = M_max" in captured.out and "\n  free " in captured.out
-    assert "3 compiles" in captured.out  # 1, 2, then the line through them passes the cap: 48
+    assert "\n1 compile in " in captured.out  # the cap first, and it fits
 
 
 def test_even_one_token_does_not_fit(tiny, capsys):
@@ -206,6 +266,33 @@ def test_bad_input_exit_2(tiny, capsys, argv, message):
 def test_missing_model_exit_2(tmp_path, capsys):
     assert cli.main(["fit", str(tmp_path / "none"), "--memory", "1GiB", "-M", "16"]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_one_length_key_one_plan_and_a_probe_has_the_full_envelope(tiny):
+    # What `fit` relies on to compile once per class: every N of a length_extent compiles to the
+    # same phases and envelope (tiny config, chunk 64, M = 16: N in 65..112 pads to 128 positions,
+    # which hold N + M, so the cache is 129 positions for all of them); the next N does not.
+    from dataclasses import replace
+
+    import msgspec
+
+    from dctms.toolkit.compiler import length_extent, length_key
+
+    base = CompileOptions(100, M, prefill_chunk=64, real_lengths=False)
+    first, last = length_extent(base, True, cap=4_000)(100)
+    assert (first, last) == (65, 112)
+    source = open_model(tiny)
+
+    def probe(n: int):
+        return compile_plan(source, replace(base, input_tokens=n), probe=True)
+
+    a, b, after = probe(first), probe(last), probe(last + 1)
+    assert length_key(replace(base, input_tokens=last + 1)) != length_key(base)
+    assert a.envelope == b.envelope and after.envelope.total > b.envelope.total
+    assert msgspec.json.encode(a.phases) == msgspec.json.encode(b.phases)
+    # a probe leaves out the module paths and the verifier, nothing the envelope depends on
+    full = compile_plan(source, replace(base, input_tokens=last))
+    assert full.envelope == b.envelope and full.modules is not None and b.modules is None
 
 
 # --------------------------------------------------------------------------- --search chunk

@@ -260,17 +260,23 @@ class Settings:
 
 
 def compile_plan(
-    source: ModelFolder, opts: CompileOptions, progress: Callable[[str], None] | None = None
+    source: ModelFolder,
+    opts: CompileOptions,
+    progress: Callable[[str], None] | None = None,
+    *,
+    probe: bool = False,
 ) -> Plan:
     """Run the passes in order (trace, then per phase schedule, lifetimes, assign; then state and
-    envelope) and emit the plan, which the independent verifier must accept."""
+    envelope) and emit the plan, which the independent verifier must accept. A ``probe`` (``dctms
+    fit``'s) wants the envelope only: it skips the module paths' recording trace and the verifier,
+    neither of which changes the envelope; such a plan is for reading, never for writing."""
     say = progress or (lambda _msg: None)
     _check_options(opts)
     limits.check_config(source.config)
     headers = source.headers() if source.weight_files else None
     settings = resolve_settings(source.config, headers, opts)
     use_device(trace_device(settings))  # the graph (fast kernels or their composites) depends on it
-    part = plan_model(source, headers, opts, settings, say)
+    part = plan_model(source, headers, opts, settings, say, probe=probe)
     state, phases = part.state, part.phases
     envelope = build_envelope(
         weights=part.weights.total_bytes,
@@ -288,7 +294,8 @@ def compile_plan(
     plan = attach_modules(plan, part.traced.phases)
     if part.rank is not None:
         plan = part.rank.annotate(plan)
-    self_check(plan)
+    if not probe:
+        self_check(plan)
     return plan
 
 
@@ -319,12 +326,13 @@ def plan_model(
     extra_positions: int = 0,
     more_phases: MorePhases | None = None,
     pack_seconds: float | None = None,
+    probe: bool = False,
 ) -> ModelPart:
     """Trace one model and plan each of its phases (``pack_seconds``: their packing budget, by
     default ``opts.pack_seconds``); ``extra_positions`` enlarges the KV cache beyond N + M."""
     ranked: list = []
     traced, capacity, fits = trace_source(
-        source.config, headers, opts, settings, say, extra_positions, more_phases, ranked
+        source.config, headers, opts, settings, say, extra_positions, more_phases, ranked, probe
     )
     if ranked:
         headers = ranked[0].headers(headers)
@@ -425,7 +433,7 @@ def resolve_settings(
 ) -> Settings:
     """dtype (see ``model_dtype``), prefill chunk, backend, roofline profile."""
     dtype = model_dtype(config, headers, opts.dtype)
-    chunk = opts.prefill_chunk or min(opts.input_tokens, 512)
+    chunk = default_chunk(opts)
     if opts.target is not None:
         target = resolve_target(opts)
         if target.model is not None:
@@ -443,6 +451,51 @@ def resolve_settings(
     )
 
 
+DEFAULT_CHUNK = 512  # the prefill chunk when none is given (or N, when shorter)
+
+
+def default_chunk(opts: CompileOptions) -> int:
+    return opts.prefill_chunk or min(opts.input_tokens, DEFAULT_CHUNK)
+
+
+def length_key(opts: CompileOptions, extra_positions: int = 0) -> tuple[int, int, int]:
+    """What a compile depends on N and M through: (prefill chunk, KV capacity, prompt window). Two
+    option sets that differ only in N or M but have the same key trace the same graphs, so their
+    plans differ only in ``bounds`` and, without length points, have the same envelope: ``dctms
+    fit`` compiles once per key (``views.fit.same_key_extent``)."""
+    chunk = default_chunk(opts)
+    capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
+    window = max_window(capacity)
+    # Prefill never attends beyond the padded prompt; decode up to N + M.
+    return chunk, capacity, min(window, math.ceil(opts.input_tokens / chunk) * chunk)
+
+
+def length_extent(
+    base: CompileOptions, search_n: bool, cap: int
+) -> Callable[[int], tuple[int, int]]:
+    """For ``dctms fit``'s search (``views.fit.largest_fitting``'s ``extent``): the interval of N
+    (``search_n``; else of M) in [1, ``cap``] around a value that has its ``length_key``, with the
+    other options ``base``'s. The key is nondecreasing in N and in M, so equal keys form an
+    interval, and no wider than the prefill chunk (the padded prompt changes every chunk)."""
+
+    def key(value: int) -> tuple[int, int, int]:
+        n, m = (value, base.output_tokens) if search_n else (base.input_tokens, value)
+        return length_key(replace(base, input_tokens=n, output_tokens=m))
+
+    def extent(value: int) -> tuple[int, int]:
+        k = key(value)
+        width = k[0]  # the prefill chunk
+        first = value
+        while first > max(1, value - width) and key(first - 1) == k:
+            first -= 1
+        last = value
+        while last < min(cap, value + width) and key(last + 1) == k:
+            last += 1
+        return first, last
+
+    return extent
+
+
 def trace_source(
     config: dict,
     headers: list[HeaderTensor] | None,
@@ -452,6 +505,7 @@ def trace_source(
     extra_positions: int = 0,
     more_phases: MorePhases | None = None,
     ranked: list | None = None,
+    probe: bool = False,
 ) -> tuple[Traced, int, dict[str, LengthFit]]:
     """Pass 1: build the model with lazy weights, trace both phases at their largest lengths and
     (pass 1b) at smaller ones; (traced, KV capacity, the length fit of each phase that has one).
@@ -471,8 +525,8 @@ def trace_source(
             ranked.append(rank)
     windows = caches.check_cache_support(model, opts.max_kv_size)
     num_layers = len(windows)
-    chunk = settings.prefill_chunk
-    capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
+    chunk = settings.prefill_chunk  # = default_chunk(opts)
+    _, capacity, prompt_window = length_key(opts, extra_positions)
     window = max_window(capacity)
     say(f"tracing prefill ({chunk} tokens) and decode against a {capacity}-position cache")
     quant = caches.kv_quantization(opts, chunk)
@@ -504,10 +558,8 @@ def trace_source(
         tracer = rank.tracer(
             num_layers, batch=opts.batch, capacity=capacity, kv_quant=quant, rings=rings
         )
-    # Prefill never attends beyond the padded prompt; decode up to N + M.
-    prompt_window = min(window, math.ceil(opts.input_tokens / chunk) * chunk)
     # Module paths (a second, recording trace; a rank's tracer carries them through its rewrite).
-    paths = {"paths": True}
+    paths = {"paths": not probe}
     prefill = tracer.prefill(chunk, prompt_window, **paths)
     decode = tracer.decode(window, **paths)
     # a batched plan's step of slot 0 alone: one row, as cheap as a batch-1 step (the rows

@@ -23,9 +23,13 @@ DEFAULT_CAP = 2**20  # when the config names no max_position_embeddings
 
 @dataclass(frozen=True)
 class Probe:
-    value: int
+    value: int  # the value compiled
     total: int  # M_max in bytes
     fits: bool
+    first: int = 0  # the smallest value that compiles alike (0: ``value`` alone)
+
+    def covers(self, value: int) -> bool:
+        return (self.first or self.value) <= value <= self.value
 
 
 @dataclass
@@ -41,11 +45,21 @@ class FitResult:
         return self.best == self.cap
 
     def probe(self, value: int) -> Probe | None:
-        return next((p for p in self.probes if p.value == value), None)
+        """The probe whose compile holds for ``value`` (it, or a value that compiles alike)."""
+        return next((p for p in self.probes if p.covers(value)), None)
+
+
+# The values that compile to the same M_max as a given one: (first, last), an interval around it.
+Extent = Callable[[int], tuple[int, int]]
 
 
 def largest_fitting(
-    measure: Callable[[int], int], budget: int, cap: int, hint: int | None = None
+    measure: Callable[[int], int],
+    budget: int,
+    cap: int,
+    hint: int | None = None,
+    step: int = 1,
+    extent: Extent | None = None,
 ) -> FitResult:
     """The largest value in [1, cap] whose ``measure`` fits ``budget``, never measuring a value twice.
 
@@ -55,63 +69,82 @@ def largest_fitting(
     closed by interpolating where M_max crosses the budget: M_max is close to linear in N and M,
     so the crossing is usually found in a few compiles. An interpolation step that does not halve
     the bracket is followed by a bisection step, so the search is never worse than about twice
-    plain bisection: at most ~4 log2(cap) calls."""
+    plain bisection: at most ~4 log2(cap) calls.
+
+    ``extent(v)``, when given, is the interval of values that compile to the same plan as ``v``
+    (the compiler's ``length_key``): one compile, of the interval's last value, answers for all of
+    it, so a fitting probe moves ``lo`` to the interval's end and a failing one ``hi`` to its start.
+    ``step`` puts the probes on multiples of it while the bracket is wider (M_max jumps where the
+    padded prompt grows a chunk: probing the tops of the chunks first finds the jump in a few
+    compiles, where interpolation across it would creep). Neither changes the answer."""
     result = FitResult(budget=budget, cap=cap)
-    seen: dict[int, int] = {}
-
-    def total(value: int) -> int:
-        if value not in seen:
-            seen[value] = measure(value)
-            result.probes.append(Probe(value, seen[value], seen[value] <= budget))
-        return seen[value]
-
     if cap < 1:
         return result
-    lo, hi = 1, None  # lo fits; hi (once known) does not
-    if hint is not None and 1 < hint <= cap and total(hint) <= budget:
-        lo = hint  # so 1 fits too (M_max does not shrink as the value grows)
-    elif total(1) > budget:
-        return result
-    elif hint is not None and 1 < hint <= cap:
-        hi = hint  # [1, hint] is a bracket already
-    while hi is None:  # grow: at least double, or jump to the linear estimate of the crossing
-        if lo == cap:
-            result.best = lo
-            return result
-        nxt = min(cap, max(2 * lo, _crossing(seen, lo, budget)))
-        if total(nxt) <= budget:
-            lo = nxt
+    lo, hi = 0, None  # lo fits (0: nothing yet); hi (once known) does not
+
+    def probe(value: int) -> bool:
+        nonlocal lo, hi
+        known = result.probe(value)
+        if known is None:
+            first, last = extent(value) if extent is not None else (value, value)
+            first, last = max(first, 1), min(last, cap)
+            total = measure(last)
+            known = Probe(last, total, total <= budget, first if first < last else 0)
+            result.probes.append(known)
+        if known.fits:
+            lo = max(lo, known.value)
         else:
-            hi = nxt
+            start = known.first or known.value
+            hi = start if hi is None else min(hi, start)
+        return known.fits
+
+    def total(value: int) -> int:
+        found = result.probe(value)
+        assert found is not None
+        return found.total
+
+    fits_hint = hint is not None and 1 < hint <= cap and probe(hint)
+    if not fits_hint and not probe(1):
+        return result
+    while hi is None:  # grow: at least double, or jump to the linear estimate of the crossing
+        if lo >= cap:
+            result.best = cap
+            return result
+        nxt = min(cap, max(2 * lo, _crossing(result.probes, lo, budget)))
+        probe(_on_grid(nxt, lo, cap + 1, step))
     interpolate = True
     while hi - lo > 1:  # invariant: lo fits, hi does not
         if interpolate:
-            t_lo, t_hi = seen[lo], seen[hi]
+            t_lo, t_hi = total(lo), total(hi)
             guess = lo + (budget - t_lo) * (hi - lo) // max(t_hi - t_lo, 1)
-            mid = min(max(guess, lo + 1), hi - 1)
         else:
-            mid = (lo + hi) // 2
+            guess = (lo + hi) // 2
         width = hi - lo
-        if total(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid
+        probe(_on_grid(min(max(guess, lo + 1), hi - 1), lo, hi, step))
         interpolate = not interpolate or 2 * (hi - lo) <= width
     result.best = lo
     return result
 
 
-def _crossing(seen: dict[int, int], lo: int, budget: int) -> int:
+def _on_grid(value: int, lo: int, hi: int, step: int) -> int:
+    """The multiple of ``step`` strictly between ``lo`` and ``hi`` nearest below ``value``;
+    ``value`` itself when there is none (the bracket is then within one step: probing the value
+    finds the jump directly)."""
+    below = value // step * step
+    return below if step > 1 and lo < below < hi else value
+
+
+def _crossing(probes: list[Probe], lo: int, budget: int) -> int:
     """Where the line through the two largest measured fitting values reaches ``budget``, a little
     past it so the bracket usually closes in one step (0 when there is no such line)."""
-    below = sorted(v for v, t in seen.items() if v <= lo and t <= budget)
+    below = sorted((p.value, p.total) for p in probes if p.value <= lo and p.fits)
     if len(below) < 2:
         return 0
-    a, b = below[-2], below[-1]
-    slope = (seen[b] - seen[a]) / (b - a)
+    (a, t_a), (b, t_b) = below[-2], below[-1]
+    slope = (t_b - t_a) / (b - a)
     if slope <= 0:
         return 0
-    estimate = b + (budget - seen[b]) / slope
+    estimate = b + (budget - t_b) / slope
     return int(estimate * 1.02) + 1
 
 
@@ -149,9 +182,14 @@ def fit_summary(result: FitResult, plan: Plan, searched: str, elapsed: float) ->
         "capped": result.capped,
         "cap": result.cap,
         "next_value_total": None if over is None else over.total,
+        # the value compiled for it: the next value or one with the same plan (the same length key)
+        "next_value_compiled_as": None if over is None else over.value,
         "compiles": len(result.probes),
         "seconds": round(elapsed, 2),
-        "probes": [{"value": p.value, "m_max": p.total, "fits": p.fits} for p in result.probes],
+        "probes": [
+            {"value": p.value, "first": p.first or p.value, "m_max": p.total, "fits": p.fits}
+            for p in result.probes
+        ],
     }
 
 
@@ -173,6 +211,12 @@ def fit_text(summary: dict[str, Any], model: str, cap_reason: str) -> str:
             f"  {letter} = {value + 1:,} needs M_max {summary['next_value_total']:,} bytes, "
             f"{human(over)} ({over:,} bytes) over"
         )
+        alike = summary.get("next_value_compiled_as")
+        if alike is not None and alike != value + 1:
+            lines.append(
+                f"  (compiled as {letter} = {alike:,}: the same prefill chunk, KV capacity and "
+                "padded prompt, so the same plan)"
+            )
     env = summary["envelope"]
     rows = [
         ("weights", env["weights"]),
@@ -202,7 +246,8 @@ def fit_text(summary: dict[str, Any], model: str, cap_reason: str) -> str:
         lines.append(f"  ({PARTS_RULE})")
     lines += [
         "",
-        f"{summary['compiles']} compiles in {summary['seconds']:.1f} s "
+        f"{summary['compiles']} compile{'s' if summary['compiles'] != 1 else ''} in "
+        f"{summary['seconds']:.1f} s "
         f"({'up to the cap' if summary['capped'] else 'estimate, then interpolation / bisection'}; "
         f"assumes M_max never shrinks as {letter} grows)",
     ]

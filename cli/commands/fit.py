@@ -140,6 +140,7 @@ def _write(target, plan, args, source, kind) -> None:
 def _run(args: argparse.Namespace, target) -> int:
     from dctms.figures.units import human
     from dctms.schema.model_folder import open_model
+    from dctms.toolkit.compiler import DEFAULT_CHUNK, length_extent
     from dctms.toolkit.kinds.dispatch import compile_kind
     from dctms.toolkit.kinds.distributed import widest_rank
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
@@ -176,8 +177,12 @@ def _run(args: argparse.Namespace, target) -> int:
     start = time.perf_counter()
     compiles = 0
 
+    def bounds(value: int) -> tuple[int, int]:
+        return (value, fixed) if search_n else (fixed, value)
+
     def search(chunk: int | None, hint: int | None, label: str) -> tuple[FitResult, Plan | None]:
         fitting: dict[int, Plan] = {}  # the largest plan that fits, so it is not compiled twice
+        base = replace(compile_options(args, *bounds(1), prefill_chunk=chunk), real_lengths=False)
 
         def measure(value: int) -> int:
             nonlocal compiles
@@ -187,38 +192,44 @@ def _run(args: argparse.Namespace, target) -> int:
                     "certificate: raise it or give fewer --chunks"
                 )
             compiles += 1
-            n, m = (value, fixed) if search_n else (fixed, value)
-            # Probes skip the real-length points (they do not change the envelope); the plan
-            # written with -o is compiled with them (_write).
-            opts = replace(compile_options(args, n, m, prefill_chunk=chunk), real_lengths=False)
+            n, m = bounds(value)
+            # Probes skip the real-length points, the module paths and the verifier (none changes
+            # the envelope); the plan written with -o is compiled in full (_write).
+            opts = replace(base, input_tokens=n, output_tokens=m)
             # --ranks: the budget is per rank, so a probe's M_max is its largest rank's.
             if opts.ranks == 1:
-                plan = compile_kind(source, opts, kind)
+                plan = compile_kind(source, opts, kind, probe=True)
             else:
-                plan = widest_rank(source, opts)
+                plan = widest_rank(source, opts, probe=True)
             total = plan.envelope.total
             if total <= budget and value > max(fitting, default=0):
                 fitting.clear()
                 fitting[value] = plan
             if not args.quiet:
                 verdict = "fits" if total <= budget else f"over by {human(total - budget)}"
+                first, _ = extent(value) if extent else (value, value)
+                alike = f" (as every {letter} from {first:,})" if first < value else ""
                 print(
-                    f"[{time.perf_counter() - start:6.2f}s] {label}{letter} = {value:,}: "
+                    f"[{time.perf_counter() - start:6.2f}s] {label}{letter} = {value:,}{alike}: "
                     f"M_max {human(total)}, {verdict}",
                     file=sys.stderr,
                 )
             return total
 
-        result = largest_fitting(measure, budget, cap, hint=hint)
+        # A text plan's compile depends on N and M only through its length key: one probe
+        # answers for every value with the same key (toolkit.compiler.length_extent).
+        extent = length_extent(base, search_n, cap) if kind.name == "text" else None
+        step = (base.prefill_chunk or DEFAULT_CHUNK) if search_n else 1
+        result = largest_fitting(measure, budget, cap, hint=hint, step=step, extent=extent)
         return result, fitting.get(result.best) if result.best is not None else None
 
     if args.search == "chunk":
         return _run_chunk_search(
-            args, search, chunks, letter, other, fixed, budget, start, cap_reason, target,
+            args, search, chunks, letter, other, fixed, budget, start, (cap, cap_reason), target,
             (source, kind),
         )
 
-    result, plan = search(chunks[0], None, "")
+    result, plan = search(chunks[0], cap, "")  # cap first: when it fits, one compile answers
     elapsed = time.perf_counter() - start
     if result.best is None or plan is None:
         return _nothing_fits(args, result, letter, other, fixed, budget)
@@ -249,9 +260,11 @@ def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int
 
 
 def _run_chunk_search(
-    args, search, chunks, letter, other, fixed, budget, start, cap_reason: str, target, model
+    args, search, chunks, letter, other, fixed, budget, start, capped: tuple[int, str], target,
+    model,
 ) -> int:
     source, kind = model
+    cap, cap_reason = capped
     from dctms.figures.roofline import prediction_profile
     from dctms.figures.units import human
     from dctms.views.fit import fit_summary, fit_text
@@ -264,7 +277,7 @@ def _run_chunk_search(
             file=sys.stderr,
         )
     found: list[tuple[int, FitResult, Plan | None]] = []
-    hint = None
+    hint = cap  # first the largest value: when it fits, one compile answers
     for i, chunk in enumerate(chunks):
         result, plan = search(chunk, hint, f"chunk {chunk} ({i + 1}/{len(chunks)}): ")
         found.append((chunk, result, plan))

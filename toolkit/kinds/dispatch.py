@@ -48,8 +48,11 @@ def compile_kind(
     opts: CompileOptions,
     kind: PlanKind = TEXT,
     progress: Callable[[str], None] | None = None,
+    *,
+    probe: bool = False,
 ) -> Plan:
-    """The plan of ``kind`` for ``source`` under ``opts``."""
+    """The plan of ``kind`` for ``source`` under ``opts`` (``probe``: a text plan for its envelope
+    only, ``toolkit.compiler.compile_plan``; the other kinds compile in full)."""
     if kind.images is not None and kind.draft is not None:
         raise DctmsError(
             "--draft with --images: speculative vision-language plans are not supported"
@@ -68,7 +71,7 @@ def compile_kind(
         from dctms.toolkit.kinds.speculative import compile_speculative
 
         return compile_speculative(source, kind.draft, opts, kind.num_draft, progress)
-    return compile_plan(source, opts, progress)
+    return compile_plan(source, opts, progress, probe=probe)
 
 
 def kind_of(request: CompileRequest) -> PlanKind:

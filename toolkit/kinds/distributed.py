@@ -17,19 +17,19 @@ from dctms.toolkit.compiler import compile_plan
 from dctms.toolkit.kinds.rank import LAYER
 
 
-def compile_ranks(source, opts, progress=None) -> list[Plan]:
+def compile_ranks(source, opts, progress=None, *, probe: bool = False) -> list[Plan]:
     """Every rank's plan (``opts.rank`` is ignored), in rank order."""
     say = progress or (lambda _msg: None)
     plans = []
     for r in range(opts.ranks):
         say(f"compiling rank {r} of {opts.ranks}")
-        plans.append(compile_plan(source, _with(opts, rank=r), progress))
+        plans.append(compile_plan(source, _with(opts, rank=r), progress, probe=probe))
     return plans
 
 
-def widest_rank(source, opts) -> Plan:
+def widest_rank(source, opts, *, probe: bool = False) -> Plan:
     """The rank plan with the largest M_max (what a per-rank budget must hold)."""
-    return max(compile_ranks(source, opts), key=lambda p: (p.envelope.total, -p.distributed.rank))
+    return max(compile_ranks(source, opts, probe=probe), key=lambda p: (p.envelope.total, -p.distributed.rank))
 
 
 def _with(opts, **changes):
