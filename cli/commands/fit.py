@@ -37,11 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="largest N (given -M) or M (given -N) whose M_max fits a memory budget",
         description=(
             "Search for the largest number of input tokens N (given -M) or output tokens M (given "
-            "-N) whose plan's M_max fits --memory, by real compiles: 1, then a linear estimate of "
-            "the crossing (or doubling), then interpolation between a fitting and a non-fitting "
-            "value (bisection when that stalls), ending with the certificate that the answer fits "
-            "and answer + 1 does not. N + M stops at the config's max_position_embeddings (else "
-            "2^20). Prints the envelope at the fit. With --search chunk, the search runs for every "
+            "-N) whose plan's M_max fits --memory, by real compiles: the largest value first, "
+            "then 1, then interpolation between a fitting and a non-fitting value (bisection when "
+            "that stalls), ending with the certificate that the answer fits and answer + 1 does "
+            "not. One compile answers for every value with the same prefill chunk, KV capacity "
+            "and padded prompt (the same plan). N + M stops at the config's "
+            "max_position_embeddings (else 2^20). Prints the envelope at the fit. With --search chunk, the search runs for every "
             "candidate prefill chunk (--chunks) and prints chunk -> largest N (or M), M_max, and "
             "the roofline's predicted TTFT and decode tok/s on the target profile, then picks the "
             "chunk that fits the most tokens. All other options are `dctms compile`'s."
