@@ -241,8 +241,13 @@ class _Run:
             rest = group[group != b]
             self._place(b, o, rest)
             if not self._dead(o, sec_a, sec_z):
-                groups = _split(rest, ps.lo, ps.hi)
-                if all(self.solve(g, o, int(rank[b])) for g in groups):
+                # A plain loop, not all(<generator>): on Python 3.12 a call through a C function
+                # counts against the interpreter's fixed C recursion limit, which one level per
+                # buffer placed overflows (3.11 counted Python frames only).
+                for g in _split(rest, ps.lo, ps.hi):
+                    if not self.solve(g, o, int(rank[b])):
+                        break
+                else:
                     return True
             self._undo_to(mark)
         return False
