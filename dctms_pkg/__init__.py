@@ -262,6 +262,7 @@ def fit(
     from dctms.toolkit.compiler import DEFAULT_CHUNK, length_extent
     from dctms.toolkit.compiler import compile_plan as _compile
     from dctms.toolkit.kinds.distributed import widest_rank
+    from dctms.toolkit.limits import MAX_TOKENS
     from dctms.views.fit import DEFAULT_CAP, largest_fitting, max_positions
 
     if (input_tokens is None) == (output_tokens is None):
@@ -275,7 +276,7 @@ def fit(
         raise DctmsError(f"fit: the fixed token count must be at least 1, got {fixed}")
     source = open_model(model)
     limit = max_positions(source.config)
-    cap = DEFAULT_CAP if limit is None else limit - fixed
+    cap = min(DEFAULT_CAP if limit is None else limit - fixed, MAX_TOKENS - fixed)
     fields = dict(
         batch=batch,
         prefill_chunk=prefill_chunk,

@@ -240,6 +240,17 @@ def test_fit_m_text_and_max_position_cap(tmp_path, capsys):
     assert "\n1 compile in " in captured.out  # the cap first, and it fits
 
 
+def test_a_position_limit_past_the_compilers_stops_at_the_compilers(tmp_path, capsys):
+    # max_position_embeddings 2^31 - 1 is a valid config; the compiler takes N + M <= 2^24, so
+    # that is where the search stops (once it probed far past it and failed on float overflow).
+    folder = write_config(tmp_path / "long", max_position_embeddings=2**31 - 1)
+    code = cli.main(["fit", str(folder), "--memory", "1TiB", "-N", "16", "-q"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0].startswith(f"qwen2 (4 layers): largest M = {2**24 - 16:,} for N = 16")
+    assert out[1] == "  stopped at the compiler's limit of 16,777,216 (N + M); the budget would allow more"
+
+
 def test_even_one_token_does_not_fit(tiny, capsys):
     code = cli.main(["fit", str(tiny), "--memory", "10MiB", "-M", str(M), "-q"])
     err = capsys.readouterr().err

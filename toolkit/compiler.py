@@ -7,7 +7,6 @@ Phases are looked up by name ("prefill", "decode"), never by position.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -467,7 +466,7 @@ def length_key(opts: CompileOptions, extra_positions: int = 0) -> tuple[int, int
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
     # Prefill never attends beyond the padded prompt; decode up to N + M.
-    return chunk, capacity, min(window, math.ceil(opts.input_tokens / chunk) * chunk)
+    return chunk, capacity, min(window, -(-opts.input_tokens // chunk) * chunk)
 
 
 def length_extent(

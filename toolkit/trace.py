@@ -16,7 +16,6 @@ length and window, which is how ``toolkit.lengths`` finds the sizes that follow 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -299,7 +298,7 @@ def probe_kv(model: nn.Module, num_layers: int, batch: int, probes: list | None 
 def kv_capacity(input_tokens: int, output_tokens: int, prefill_chunk: int) -> int:
     """Positions the static cache holds: N + M (or the padded prompt, if longer) plus one spare, so
     that the largest attention window (``max_window``) is still a proper slice of the cache."""
-    padded = math.ceil(input_tokens / prefill_chunk) * prefill_chunk
+    padded = -(-input_tokens // prefill_chunk) * prefill_chunk  # integers: any size, exactly
     return max(input_tokens + output_tokens, padded) + 1
 
 

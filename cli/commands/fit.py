@@ -144,6 +144,7 @@ def _run(args: argparse.Namespace, target) -> int:
     from dctms.toolkit.compiler import DEFAULT_CHUNK, length_extent
     from dctms.toolkit.kinds.dispatch import compile_kind
     from dctms.toolkit.kinds.distributed import widest_rank
+    from dctms.toolkit.limits import MAX_TOKENS
     from dctms.views.fit import DEFAULT_CAP, fit_summary, fit_text, largest_fitting, max_positions
 
     budget = memory_budget(args)
@@ -170,6 +171,8 @@ def _run(args: argparse.Namespace, target) -> int:
     cap_reason = (
         f"{letter} = 2^20" if limit is None else f"max_position_embeddings {limit:,} (N + M)"
     )
+    if cap > MAX_TOKENS - fixed:  # a config's absurd limit: the compiler's own comes first
+        cap, cap_reason = MAX_TOKENS - fixed, f"the compiler's limit of {MAX_TOKENS:,} (N + M)"
     if cap < 1:
         raise DctmsError(
             f"{other} = {fixed:,} leaves no room: the model's max_position_embeddings is {limit:,}"
