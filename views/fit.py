@@ -76,7 +76,8 @@ def largest_fitting(
     it, so a fitting probe moves ``lo`` to the interval's end and a failing one ``hi`` to its start.
     ``step`` puts the probes on multiples of it while the bracket is wider (M_max jumps where the
     padded prompt grows a chunk: probing the tops of the chunks first finds the jump in a few
-    compiles, where interpolation across it would creep). Neither changes the answer."""
+    compiles, where interpolation across it would creep), and once the answer is within the chunk
+    above a multiple that fits, probes the value just past it first. Neither changes the answer."""
     result = FitResult(budget=budget, cap=cap)
     if cap < 1:
         return result
@@ -112,7 +113,7 @@ def largest_fitting(
             return result
         nxt = min(cap, max(2 * lo, _crossing(result.probes, lo, budget)))
         probe(_on_grid(nxt, lo, cap + 1, step))
-    interpolate = True
+    interpolate, tried_next = True, False
     while hi - lo > 1:  # invariant: lo fits, hi does not
         if interpolate:
             t_lo, t_hi = total(lo), total(hi)
@@ -120,7 +121,20 @@ def largest_fitting(
         else:
             guess = (lo + hi) // 2
         width = hi - lo
-        probe(_on_grid(min(max(guess, lo + 1), hi - 1), lo, hi, step))
+        mid = _on_grid(min(max(guess, lo + 1), hi - 1), lo, hi, step)
+        # just past a chunk top, where M_max jumps: often the answer's + 1 (not counted as a
+        # stalled interpolation: the next guess is interpolated from the far side of the jump)
+        jump = step > 1 and lo % step == 0 and mid < lo + step
+        fitted = probe(lo + 1 if jump else mid)
+        if jump:
+            continue
+        if interpolate and fitted and hi - lo > 1 and not tried_next:
+            # M_max is close to affine between lo and hi: the interpolated value that fits is
+            # usually the answer, and its + 1 the certificate (once: where the guesses fall
+            # short, bisection takes over as before)
+            tried_next = True
+            probe(lo + 1)
+            continue
         interpolate = not interpolate or 2 * (hi - lo) <= width
     result.best = lo
     return result
