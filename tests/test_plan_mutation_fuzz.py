@@ -142,6 +142,7 @@ def _validate_all(kinds, work: Path) -> list[tuple[str, Path, Path, dict]]:
     return results
 
 
+@pytest.mark.slow  # ~17 s: the quick loop leaves it to `make test`
 def test_mutated_plans_are_refused_or_run(kinds, tmp_path) -> None:
     started = time.monotonic()
     results = _validate_all(kinds, tmp_path / "mutants")
