@@ -4,6 +4,7 @@ tiny model, both servers driven through the same client at two levels, under a c
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,25 @@ def test_level_figures_count_only_answered_requests() -> None:
     assert fig["completion_tokens"] == 30 and fig["tok_per_s"] == 10.0
     assert fig["latency_p95_s"] == 2.0 and fig["ttft_p50_s"] == 0.1
     assert fig["errors"] == ["HTTP 503"]
+
+
+def test_batch_loop_accounts_for_every_step(tmp_path: Path) -> None:
+    # bench/batch_loop.py: the serving load in process; its time is prefill + decode + the rest,
+    # and the decode steps by busy rows add up to the session's own count.
+    beta = build_tiny_models(tmp_path)["beta"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "batch_loop.py"), "--model", str(beta.folder),
+         "-N", "256", "-M", "8", "--batch", "2", "--requests", "5", "--max-tokens", "6"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("5 requests of up to 6 tokens over 2 slots, in process: ")
+    head = re.match(r"prefill calls: (\d+), [\d.]+ s; decode steps: (\d+), [\d.]+ s", lines[1])
+    assert head and int(head[1]) >= 5
+    by_rows = [re.match(r"  decode steps with ([12]) busy rows: (\d+), median", x) for x in lines[2:]]
+    assert by_rows and all(by_rows)
+    assert sum(int(m[2]) for m in by_rows) == int(head[2])
 
 
 @pytest.mark.slow
