@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(ROOT / "bench"))
+    from batched_plan import compile_batched, model_or_demo
     from serve_vs_mlx_lm import PROMPTS
 
     from dctms.runner.batch import BatchSession
@@ -45,19 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     from dctms.runner.tokenize import Tokenizer, encode_chat
     from dctms.schema.model_folder import open_model_folder
 
-    folder = args.model
-    if folder is None:
-        from dctms.convert.real_model import prepare, real_model
-
-        folder = prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
+    folder = model_or_demo(args.model)
     with tempfile.TemporaryDirectory() as tmp:
-        plan_path = Path(tmp) / "batch.plan"
-        subprocess.run(
-            [sys.executable, "-m", "dctms.cli.main", "compile", str(folder), "-N", str(args.N)]
-            + ["-M", str(args.M), "--batch", str(args.batch), "-o", str(plan_path), "-q"],
-            check=True,
-        )
-        plan = load_checked_plan(str(plan_path))
+        out = compile_batched(folder, args.N, args.M, args.batch, Path(tmp) / "batch.plan")
+        plan = load_checked_plan(str(out))
     session = BatchSession(plan, open_model_folder(str(folder)))
     tokenizer = Tokenizer(folder)
     prompts = [

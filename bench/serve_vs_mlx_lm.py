@@ -215,18 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "serve_vs_mlx_lm.json")
     args = p.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]
-    folder = args.model
-    if folder is None:
-        from dctms.convert.real_model import prepare, real_model
+    from batched_plan import compile_batched, model_or_demo
 
-        folder = prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
+    folder = model_or_demo(args.model)
     with tempfile.TemporaryDirectory() as tmp:
-        plan = Path(tmp) / "serve.plan"
-        subprocess.run(
-            [sys.executable, "-m", "dctms.cli.main", "compile", str(folder), "-N", str(args.N),
-             "-M", str(args.M), "--batch", str(args.batch), "-o", str(plan)],
-            check=True, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        plan = compile_batched(folder, args.N, args.M, args.batch, Path(tmp) / "serve.plan")
         runs = {s: measure_system(s, args, plan, folder) for s in ("dctms", "mlx_lm")}
         limits = {}
         if args.under_limit:

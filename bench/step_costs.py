@@ -196,16 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         extra = (args.plan,) if args.child == "dctms" else ()
         print(json.dumps(run(*extra, str(args.model), args.position, args.repeats, rows)))
         return 0
-    if args.model is None:
-        from dctms.convert.real_model import prepare, real_model
+    from batched_plan import compile_batched, model_or_demo
 
-        args.model = prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
+    args.model = model_or_demo(args.model)
     rows = [r for r in ROWS if r <= args.batch] + ([args.batch] if args.batch not in ROWS else [])
     with tempfile.TemporaryDirectory() as tmp:
-        plan = Path(tmp, "b.plan")
-        subprocess.run([sys.executable, "-m", "dctms.cli.main", "compile", str(args.model),
-                        "-N", str(args.N), "-M", str(args.M), "--batch", str(args.batch),
-                        "-o", str(plan), "-q"], check=True)  # fmt: skip
+        plan = compile_batched(args.model, args.N, args.M, args.batch, Path(tmp, "b.plan"))
         d = _in_child("dctms", args, plan, rows)
         m = _in_child("mlx_lm", args, plan, rows)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
