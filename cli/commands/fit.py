@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -200,10 +201,11 @@ def _run(args: argparse.Namespace, target) -> int:
             # Probes skip the real-length points, the module paths and the verifier (none changes
             # the envelope); the plan written with -o is compiled in full (_write).
             opts = replace(base, input_tokens=n, output_tokens=m)
+            plan = ahead.take(opts)  # compiled ahead in a worker process (_Ahead), or None
             # --ranks: the budget is per rank, so a probe's M_max is its largest rank's.
-            if opts.ranks == 1:
+            if plan is None and opts.ranks == 1:
                 plan = compile_kind(source, opts, kind, probe=True)
-            else:
+            elif plan is None:
                 plan = widest_rank(source, opts, probe=True)
             total = plan.envelope.total
             if total <= budget and value > max(fitting, default=0):
@@ -227,11 +229,21 @@ def _run(args: argparse.Namespace, target) -> int:
         result = largest_fitting(measure, budget, cap, hint=hint, step=step, extent=extent)
         return result, fitting.get(result.best) if result.best is not None else None
 
+    # --search chunk starts every chunk at the cap: those probes are independent, so worker
+    # processes compile them while this one searches (a text plan, more than one core).
+    probes_ahead = []
+    if args.search == "chunk" and kind.name == "text" and args.ranks == 1 and len(chunks) > 1:
+        probes_ahead = [
+            replace(compile_options(args, *bounds(cap), prefill_chunk=c), real_lengths=False)
+            for c in chunks
+        ]
+    ahead = _Ahead(args.model, probes_ahead)
     if args.search == "chunk":
-        return _run_chunk_search(
-            args, search, chunks, letter, other, fixed, budget, start, (cap, cap_reason), target,
-            (source, kind),
-        )
+        with ahead:
+            return _run_chunk_search(
+                args, search, chunks, letter, other, fixed, budget, start, (cap, cap_reason),
+                target, (source, kind),
+            )
 
     result, plan = search(chunks[0], cap, "")  # cap first: when it fits, one compile answers
     elapsed = time.perf_counter() - start
@@ -245,6 +257,70 @@ def _run(args: argparse.Namespace, target) -> int:
         model = f"{plan.model.architecture} ({plan.model.num_layers} layers)"
         sys.stdout.write(fit_text(summary, model, cap_reason))
     return 0
+
+
+class _Ahead:
+    """Probes compiled ahead by up to two worker processes (spawned: MLX is not fork-safe), each
+    taken at most once, in its own order, by the search that asks for the same options. A probe
+    that fails in its worker is compiled again where the search asks (and fails there, in one
+    line). Nothing runs on one core, or with nothing to compile."""
+
+    def __init__(self, model: str, probes: list):
+        self.model, self.probes = model, probes
+        self.pool = None
+        self.futures: dict = {}
+
+    def __enter__(self) -> _Ahead:
+        jobs = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+        if jobs > 1 and self.probes:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            spawn = multiprocessing.get_context("spawn")
+            self.pool = ProcessPoolExecutor(
+                max_workers=jobs, mp_context=spawn, initializer=_leave_interrupts_to_the_parent
+            )
+            self.futures = {o: self.pool.submit(_probe_in_worker, self.model, o) for o in self.probes}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def take(self, opts) -> Plan | None:
+        future = self.futures.pop(opts, None)
+        if future is None:
+            return None
+        data = future.result()
+        if data is None:
+            return None
+        import msgspec
+
+        from dctms.schema.types import Plan as PlanType
+
+        return msgspec.msgpack.decode(data, type=PlanType)
+
+
+def _leave_interrupts_to_the_parent() -> None:
+    """Ctrl-C reaches the whole process group: the search's process answers it (exit 130, one
+    line) and shuts the workers down; a worker printing its own traceback would break that."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _probe_in_worker(model: str, opts) -> bytes | None:
+    """A text plan's probe in a worker process, as msgpack; None if it fails (the search then
+    compiles it itself, and reports the error as it would)."""
+    import msgspec
+
+    from dctms.schema.model_folder import open_model
+    from dctms.toolkit.kinds.dispatch import compile_kind
+
+    try:
+        return msgspec.msgpack.encode(compile_kind(open_model(model), opts, probe=True))
+    except Exception:
+        return None
 
 
 def _nothing_fits(args, result, letter: str, other: str, fixed: int, budget: int) -> int:
