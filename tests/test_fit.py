@@ -161,7 +161,7 @@ def test_search_with_length_classes_is_exact_and_compiles_once_per_class(seed):
     extent, curve = _classes_and_curve(rng, cap, chunk, m)
     budget = rng.randint(curve[1], curve[cap] + 5)
     measure, calls = counted(lambda v: curve[v])
-    hint = rng.choice([None, cap, rng.randint(2, cap)])
+    hint = rng.choice([None, cap, rng.randint(2, cap), [cap, rng.randint(2, cap)]])
     result = largest_fitting(
         measure, budget, cap, hint=hint, step=chunk, extent=lambda v: extent[v]
     )
@@ -345,6 +345,31 @@ def test_search_chunk_table_and_certificates(tiny, tmp_path, capsys):
     assert plan.bounds.input_tokens == best["value"]
     # TTFT at the common prompt: more, smaller calls cost at least as much weight traffic
     assert doc["prompt_tokens"] == min(values)
+
+
+@pytest.mark.slow
+def test_probes_compiled_ahead_by_workers_give_the_same_search(tiny, capsys, monkeypatch):
+    # The workers start only after a slow probe (the 7B's); forced on here for the tiny model,
+    # the search, its compiles and every figure are the same as without them.
+    from dctms.cli.commands import fit as fit_command
+
+    budget = m_max_at(tiny, 600, M, 64)
+    argv = ["fit", str(tiny), "--memory", str(budget), "-M", str(M), "--search", "chunk"]
+    monkeypatch.setattr(fit_command, "_spawn_can_start_here", lambda: True)  # pytest-xdist's main
+    taken = []
+    take = fit_command._Ahead.take
+    monkeypatch.setattr(
+        fit_command._Ahead, "take", lambda self, o: taken.append(take(self, o)) or taken[-1]
+    )
+    docs = []
+    for min_s in (float("inf"), 0.0):
+        monkeypatch.setattr(fit_command._Ahead, "AHEAD_MIN_S", min_s)
+        assert cli.main([*argv, "--chunks", "16,32,64", "--json", "-q"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        doc["best"].pop("seconds")
+        docs.append(doc)
+    assert docs[0] == docs[1]
+    assert sum(plan is not None for plan in taken) == 2  # chunks 32 and 64 came from the workers
 
 
 @pytest.mark.slow

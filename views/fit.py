@@ -8,7 +8,7 @@ the answer was compiled and fits, and answer + 1 was compiled and does not (unle
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,14 +57,15 @@ def largest_fitting(
     measure: Callable[[int], int],
     budget: int,
     cap: int,
-    hint: int | None = None,
+    hint: int | Sequence[int] | None = None,
     step: int = 1,
     extent: Extent | None = None,
 ) -> FitResult:
     """The largest value in [1, cap] whose ``measure`` fits ``budget``, never measuring a value twice.
 
-    ``hint`` (a nearby answer, e.g. the previous chunk's) is measured first, else 1 (when nothing
-    fits, 1 was measured, so "even 1 does not fit" is certain). Then a bracket [lo fits, hi does
+    ``hint`` (a nearby answer, e.g. the previous chunk's; or several, tried in order until one
+    fits) is measured first, else 1 (when nothing fits, 1 was measured, so "even 1 does not fit"
+    is certain). Then a bracket [lo fits, hi does
     not] is grown from there by doubling or a jump to the linear estimate of the crossing, and
     closed by interpolating where M_max crosses the budget: M_max is close to linear in N and M,
     so the crossing is usually found in a few compiles. An interpolation step that does not halve
@@ -104,8 +105,13 @@ def largest_fitting(
         assert found is not None
         return found.total
 
-    fits_hint = hint is not None and 1 < hint <= cap and probe(hint)
-    if not fits_hint and not probe(1):
+    hints = [] if hint is None else [hint] if isinstance(hint, int) else list(hint)
+    fitted = False
+    for h in hints:  # in order, until one fits (one at or above a failed one cannot)
+        if 1 < h <= cap and (hi is None or h < hi) and probe(h):
+            fitted = True
+            break
+    if not fitted and not probe(1):
         return result
     while hi is None:  # grow: at least double, or jump to the linear estimate of the crossing
         if lo >= cap:

@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace, target) -> int:
     def bounds(value: int) -> tuple[int, int]:
         return (value, fixed) if search_n else (fixed, value)
 
-    def search(chunk: int | None, hint: int | None, label: str) -> tuple[FitResult, Plan | None]:
+    def search(chunk: int | None, hint, label: str) -> tuple[FitResult, Plan | None]:
         fitting: dict[int, Plan] = {}  # the largest plan that fits, so it is not compiled twice
         base = replace(compile_options(args, *bounds(1), prefill_chunk=chunk), real_lengths=False)
 
@@ -202,11 +202,14 @@ def _run(args: argparse.Namespace, target) -> int:
             # the envelope); the plan written with -o is compiled in full (_write).
             opts = replace(base, input_tokens=n, output_tokens=m)
             plan = ahead.take(opts)  # compiled ahead in a worker process (_Ahead), or None
-            # --ranks: the budget is per rank, so a probe's M_max is its largest rank's.
-            if plan is None and opts.ranks == 1:
-                plan = compile_kind(source, opts, kind, probe=True)
-            elif plan is None:
-                plan = widest_rank(source, opts, probe=True)
+            if plan is None:
+                began = time.perf_counter()
+                # --ranks: the budget is per rank, so a probe's M_max is its largest rank's.
+                if opts.ranks == 1:
+                    plan = compile_kind(source, opts, kind, probe=True)
+                else:
+                    plan = widest_rank(source, opts, probe=True)
+                ahead.compiled(opts, time.perf_counter() - began)
             total = plan.envelope.total
             if total <= budget and value > max(fitting, default=0):
                 fitting.clear()
@@ -230,7 +233,8 @@ def _run(args: argparse.Namespace, target) -> int:
         return result, fitting.get(result.best) if result.best is not None else None
 
     # --search chunk starts every chunk at the cap: those probes are independent, so worker
-    # processes compile them while this one searches (a text plan, more than one core).
+    # processes compile them while this one searches (a text plan whose probes are slow enough to
+    # pay for the workers' start-up, more than one core).
     probes_ahead = []
     if args.search == "chunk" and kind.name == "text" and args.ranks == 1 and len(chunks) > 1:
         probes_ahead = [
@@ -261,37 +265,52 @@ def _run(args: argparse.Namespace, target) -> int:
 
 class _Ahead:
     """Probes compiled ahead by up to two worker processes (spawned: MLX is not fork-safe), each
-    taken at most once, in its own order, by the search that asks for the same options. A probe
-    that fails in its worker is compiled again where the search asks (and fails there, in one
-    line). Nothing runs on one core, or with nothing to compile."""
+    taken at most once, in its own order, by the search that asks for the same options. The
+    workers start only once a probe compiled here took ``AHEAD_MIN_S`` (a worker's start-up,
+    importing MLX and the compiler, costs about that: a small model's probes are cheaper done
+    here), and compile the probes not yet compiled. A probe that fails in its worker is compiled
+    again where the search asks (and fails there, in one line). Nothing runs on one core."""
+
+    AHEAD_MIN_S = 0.5
 
     def __init__(self, model: str, probes: list):
-        self.model, self.probes = model, probes
+        self.model, self.probes = model, list(probes)
         self.pool = None
         self.futures: dict = {}
 
     def __enter__(self) -> _Ahead:
-        jobs = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-        if jobs > 1 and self.probes:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            spawn = multiprocessing.get_context("spawn")
-            self.pool = ProcessPoolExecutor(
-                max_workers=jobs, mp_context=spawn, initializer=_leave_interrupts_to_the_parent
-            )
-            self.futures = {o: self.pool.submit(_probe_in_worker, self.model, o) for o in self.probes}
         return self
 
     def __exit__(self, *exc) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
+    def compiled(self, opts, seconds: float) -> None:
+        """A probe compiled here: not to be compiled ahead; start the workers if it was slow."""
+        if opts in self.probes:
+            self.probes.remove(opts)
+        jobs = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+        if self.pool is not None or seconds < self.AHEAD_MIN_S or jobs < 2 or not self.probes:
+            return
+        if not _spawn_can_start_here():
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        spawn = multiprocessing.get_context("spawn")
+        self.pool = ProcessPoolExecutor(
+            max_workers=jobs, mp_context=spawn, initializer=_leave_interrupts_to_the_parent
+        )
+        self.futures = {o: self.pool.submit(_probe_in_worker, self.model, o) for o in self.probes}
+
     def take(self, opts) -> Plan | None:
         future = self.futures.pop(opts, None)
         if future is None:
             return None
-        data = future.result()
+        try:
+            data = future.result()
+        except Exception:  # a worker that could not start or died: compile it here instead
+            return None
         if data is None:
             return None
         import msgspec
@@ -299,6 +318,16 @@ class _Ahead:
         from dctms.schema.types import Plan as PlanType
 
         return msgspec.msgpack.decode(data, type=PlanType)
+
+
+def _spawn_can_start_here() -> bool:
+    """A spawned worker first re-runs this program's ``__main__``: safe for the ``dctms`` command
+    (and pytest), which do nothing when imported; a host script without an ``if __name__ ==
+    "__main__"`` guard would run again in every worker, so elsewhere the probes run here."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = spec.name if spec is not None else os.path.basename(getattr(main, "__file__", "") or "")
+    return name in ("dctms", "dctms.cli.main", "pytest", "pytest.__main__", "py.test")
 
 
 def _leave_interrupts_to_the_parent() -> None:
@@ -357,11 +386,14 @@ def _run_chunk_search(
             file=sys.stderr,
         )
     found: list[tuple[int, FitResult, Plan | None]] = []
-    hint = cap  # first the largest value: when it fits, one compile answers
+    previous = None
     for i, chunk in enumerate(chunks):
-        result, plan = search(chunk, hint, f"chunk {chunk} ({i + 1}/{len(chunks)}): ")
+        # first the largest value (when it fits, one compile answers; compiled ahead by the
+        # workers), then the previous chunk's answer: the next chunk's is usually close
+        hints = [cap] if previous is None else [cap, previous]
+        result, plan = search(chunk, hints, f"chunk {chunk} ({i + 1}/{len(chunks)}): ")
         found.append((chunk, result, plan))
-        hint = result.best or hint  # the next chunk's answer is usually close
+        previous = result.best or previous
     fits = [r.best for _, r, _ in found if r.best is not None]
     if not fits:
         return _nothing_fits(args, found[-1][1], letter, other, fixed, budget)
