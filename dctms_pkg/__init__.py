@@ -259,8 +259,8 @@ def fit(
     from dataclasses import replace
 
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.compiler import DEFAULT_CHUNK, length_extent
     from dctms.toolkit.compiler import compile_plan as _compile
+    from dctms.toolkit.compiler import length_extent, length_step
     from dctms.toolkit.kinds.distributed import widest_rank
     from dctms.toolkit.limits import MAX_TOKENS
     from dctms.views.fit import DEFAULT_CAP, largest_fitting, max_positions
@@ -322,8 +322,7 @@ def fit(
         return plan.envelope.total
 
     # as `dctms fit`: the cap first, one compile per length key, probes on the chunk grid
-    step = (base.prefill_chunk or DEFAULT_CHUNK) if search_n else 1
-    extent = length_extent(base, search_n, cap)
+    step, extent = length_step(base, search_n), length_extent(base, search_n, cap)
     found = (
         largest_fitting(measure, budget, cap, hint=cap, step=step, extent=extent)
         if cap >= 1

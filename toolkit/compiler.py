@@ -7,6 +7,7 @@ Phases are looked up by name ("prefill", "decode"), never by position.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -461,7 +462,7 @@ def length_key(opts: CompileOptions, extra_positions: int = 0) -> tuple[int, int
     """What a compile depends on N and M through: (prefill chunk, KV capacity, prompt window). Two
     option sets that differ only in N or M but have the same key trace the same graphs, so their
     plans differ only in ``bounds`` and, without length points, have the same envelope: ``dctms
-    fit`` compiles once per key (``views.fit.same_key_extent``)."""
+    fit`` compiles once per key (``length_extent``)."""
     chunk = default_chunk(opts)
     capacity = kv_capacity(opts.input_tokens, opts.output_tokens + extra_positions, chunk)
     window = max_window(capacity)
@@ -481,6 +482,7 @@ def length_extent(
         n, m = (value, base.output_tokens) if search_n else (base.input_tokens, value)
         return length_key(replace(base, input_tokens=n, output_tokens=m))
 
+    @functools.cache  # asked again for the same value (the search, then its progress line)
     def extent(value: int) -> tuple[int, int]:
         k = key(value)
         width = k[0]  # the prefill chunk
@@ -493,6 +495,13 @@ def length_extent(
         return first, last
 
     return extent
+
+
+def length_step(base: CompileOptions, search_n: bool) -> int:
+    """The grid ``dctms fit``'s search probes on while its bracket is wide: the prefill chunk for
+    N (M_max jumps where the padded prompt grows a chunk; the default chunk when none is given,
+    as N is then large), 1 for M."""
+    return (base.prefill_chunk or DEFAULT_CHUNK) if search_n else 1
 
 
 def trace_source(

@@ -142,7 +142,7 @@ def _write(target, plan, args, source, kind) -> None:
 def _run(args: argparse.Namespace, target) -> int:
     from dctms.figures.units import human
     from dctms.schema.model_folder import open_model
-    from dctms.toolkit.compiler import DEFAULT_CHUNK, length_extent
+    from dctms.toolkit.compiler import length_extent, length_step
     from dctms.toolkit.kinds.dispatch import compile_kind
     from dctms.toolkit.kinds.distributed import widest_rank
     from dctms.toolkit.limits import MAX_TOKENS
@@ -228,7 +228,7 @@ def _run(args: argparse.Namespace, target) -> int:
         # A text plan's compile depends on N and M only through its length key: one probe
         # answers for every value with the same key (toolkit.compiler.length_extent).
         extent = length_extent(base, search_n, cap) if kind.name == "text" else None
-        step = (base.prefill_chunk or DEFAULT_CHUNK) if search_n else 1
+        step = length_step(base, search_n)
         result = largest_fitting(measure, budget, cap, hint=hint, step=step, extent=extent)
         return result, fitting.get(result.best) if result.best is not None else None
 
