@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     session._prefill_chunk, session._decode_step = prefill, decode
     calls0, steps0 = session.stats.prefill_calls, session.stats.decode_steps  # after the warm-up
+    moves0 = session.stats.moves
     waiting = list(prompts)
     seqs = [session.submit(Request(plan, waiting.pop(0), budget, stop))
             for _ in range(min(args.batch, len(waiting)))]  # fmt: skip
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"prefill calls: {session.stats.prefill_calls - calls0}, {prefill_s:.2f} s; decode steps: "
         f"{session.stats.decode_steps - steps0}, {decode_s:.2f} s; "
-        f"other {wall - prefill_s - decode_s:.2f} s"
+        f"other {wall - prefill_s - decode_s:.2f} s (slot moves: {session.stats.moves - moves0})"
     )
     for rows in sorted(decode_by_rows):
         times = decode_by_rows[rows]

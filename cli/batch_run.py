@@ -134,6 +134,7 @@ def batch_report(plan, session, results: list[dict], wall_s: float, rss_peak: in
         "decode_steps": stats.decode_steps,
         "rows_busy": stats.rows_busy,
         "rows_computed": stats.rows_computed,
+        "slot_moves": stats.moves,
         "provable_bytes": plan.envelope.provable,
         "envelope": {"total": plan.envelope.total},
         "observed": {"mlx_peak_bytes": observed, "rss_peak_bytes": rss_peak},
@@ -153,7 +154,7 @@ def batch_summary(report: dict) -> str:
             f"{report['generated_tokens']} tokens in {report['wall_s']:.2f} s "
             f"({report['tokens_per_s']} tok/s); {report['decode_steps']} decode steps, "
             f"{report['prefill_calls']} prefill calls; rows busy / computed {busy} / {computed} "
-            f"({use})",
+            f"({use}); {report['slot_moves']} slot moves",
             f"{'':24}{'bytes':>16}{'MiB':>12}",
             f"{'provable peak':24}{report['provable_bytes']:>16,}"
             f"{report['provable_bytes'] / MIB:>12.2f}",

@@ -4,7 +4,10 @@ A batched plan (``bounds.batch`` B > 1, ``toolkit.slots``) holds B slots of N + 
 static KV state. ``BatchSession`` keeps a queue of requests and a slot table and advances them in
 *iterations*; each is, in order:
 
-1. admit: a waiting request takes the lowest free slot (the decode step then covers the fewest rows);
+1. admit: a waiting request takes the lowest free slot (the decode step then covers the fewest
+   rows); with no request waiting, a sequence in a slot above a free one moves down into it
+   (``move_slot``, ``toolkit.slot_move``: its KV row copied bit for bit), so that the steps after
+   compute only the busy rows;
 2. prefill: one ``prefill_chunk`` of one joining sequence into its slot (a joining prompt is
    prefilled chunk by chunk *between* decode steps, so the sequences already generating wait for
    one chunk at most per step); its last chunk yields the sequence's first token;
@@ -34,7 +37,7 @@ from dctms.runner.request import Request
 from dctms.runner.session import Generation, Prerecorded, Session
 from dctms.schema.errors import DctmsError
 from dctms.schema.model_folder import ModelFolder
-from dctms.schema.slotted import slotted
+from dctms.schema.slotted import MOVE_PHASE, slotted
 from dctms.schema.types import Plan
 
 OnToken = Callable[[int], bool]
@@ -74,6 +77,7 @@ class BatchStats:
     rows_computed: int = 0  # rows the decode steps ran (busy or not)
     rows_busy: int = 0  # of those, rows that generated a token
     single_steps: int = 0  # decode steps of slot 0 alone (the one-row phase)
+    moves: int = 0  # sequences moved to a lower free slot (the steps after compute fewer rows)
     peak_observed: int = 0  # the largest observed MLX peak after any call
 
 
@@ -99,6 +103,8 @@ class BatchSession(Session):
             self.prefix = PrefixIndex(plan.bounds.prefix_blocks, plan.bounds.prefill_chunk)
             self.save_block = PhaseProgram(phases["save_block"])
             self.load_block = PhaseProgram(phases["load_block"])
+        # a sequence left alone in a high slot moves to the lowest free one (toolkit.slot_move)
+        self.move = PhaseProgram(phases[MOVE_PHASE]) if MOVE_PHASE in phases else None
         self.stats = BatchStats()
 
     # ------------------------------------------------------------------------------- queueing
@@ -132,6 +138,7 @@ class BatchSession(Session):
         """One iteration (admit, one prefill chunk, one decode step); the sequences that ended."""
         self.stats.iterations += 1
         self._admit()
+        self._compact()
         ended: list[Sequence] = []
         joining = next(
             (s for s in self.slots if s is not None and s.prefilled < len(s.request.prompt)), None
@@ -168,6 +175,23 @@ class BatchSession(Session):
                     self._copy_block(self.load_block, seq.slot, position, block)
                     seq.prefilled = seq.cached = position + self.chunk
                 seq.generation.cached_tokens = seq.cached
+
+    def _compact(self) -> None:
+        """Move the sequence in the highest busy slot to the lowest free one while that one is
+        lower: a decode step computes the rows up to the highest busy slot. Called after
+        ``_admit``, so a free slot here means no request is waiting for one."""
+        if self.move is None:
+            return
+        while True:
+            busy = [i for i, s in enumerate(self.slots) if s is not None]
+            free = [i for i, s in enumerate(self.slots) if s is None]
+            if not busy or not free or free[0] > busy[-1]:
+                return
+            source, slot = busy[-1], free[0]
+            self._copy(self.move, {"slot": slot, "source": source})
+            seq = self.slots[source]
+            self.slots[slot], self.slots[source], seq.slot = seq, None, slot
+            self.stats.moves += 1
 
     def _prefill_chunk(self, seq: Sequence) -> None:
         prompt = seq.request.prompt
@@ -244,17 +268,17 @@ class BatchSession(Session):
         return ended
 
     def _copy_block(self, program: PhaseProgram, slot: int, position: int, block: int) -> None:
-        """One block between a slot and the pool. The phase reads state it does not write (a
-        save reads the slots, a load the pool): those arrays are lent, the ones it writes moved
-        (``PhaseProgram.run`` takes them), so MLX can write them in place."""
+        """One block between a slot and the pool."""
+        self._copy(program, {"slot": slot, "position": position, "block": block})
+
+    def _copy(self, program: PhaseProgram, feeds: dict[str, int]) -> None:
+        """A phase that copies state (a pool block, a slot move). It may read state it does not
+        write (a save reads the slots, a load the pool): those arrays are lent, the ones it writes
+        moved (``PhaseProgram.run`` takes them), so MLX can write them in place."""
         writes = {name for _, kind, name in program.outputs if kind == "state"}
         reads = {name for _, kind, name in program.inputs if kind == "state"}
         lent = {n: (self.state.pop(n) if n in writes else self.state[n]) for n in reads}
-        feeds = {
-            "slot": mx.array(slot, dtype=mx.int32),
-            "position": mx.array(position, dtype=mx.int32),
-            "block": mx.array(block, dtype=mx.int32),
-        }
+        feeds = {name: mx.array(value, dtype=mx.int32) for name, value in feeds.items()}
         program.run(feeds, self.weights, lent, wait=False)
         mx.eval([lent[n] for n in writes])
         self.state.update({n: lent[n] for n in writes})
@@ -294,12 +318,15 @@ class BatchSession(Session):
     def prerecord(self, requests=None):
         """Record every verified point's graphs before any call (``Session.prerecord``)."""
         done = super().prerecord(None)
-        if self.decode_one is None:
-            return done
-        start = time.perf_counter()
-        more = self.decode_one.prepare(self.weights, self.state, None)
+        start, more = time.perf_counter(), 0
+        for program in self._extra_programs():
+            more += program.prepare(self.weights, self.state, None)
         return Prerecorded(done.points + more, done.seconds + time.perf_counter() - start)
 
     def held_bytes(self) -> int:
-        extra = self.decode_one.constants.values() if self.decode_one else ()
+        extra = [a for p in self._extra_programs() for a in p.constants.values()]
         return super().held_bytes() + sum(a.nbytes for a in extra)
+
+    def _extra_programs(self) -> list[PhaseProgram]:
+        """The batched plan's phases beyond a batch-1 plan's prefill and decode."""
+        return [p for p in (self.decode_one, self.move) if p is not None]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dctms.schema.slotted import MOVE_PHASE
 from dctms.schema.types import Phase
 
 # Primitives that only rearrange their single input's elements: indices pass through unchanged.
@@ -132,6 +133,7 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
     stray: list[StrayStateWrite] = []
     slot_starts = _slot_starts(phase, positions)
     blocks = derived_ids(phase, "block")
+    slots = derived_ids(phase, "slot")
     for k, op in enumerate(phase.ops):
         if op.primitive != "DynamicSliceUpdate" or not op.inputs or op.inputs[0] not in state:
             continue
@@ -142,6 +144,8 @@ def state_writes(phase: Phase) -> tuple[list[PositionWrite], list[StrayStateWrit
         known = positions | set(rings) | set(clamps)
         if axes == [0] and start in blocks:
             continue  # a prefix-pool block at the block input: rule index_safety bounds it
+        if axes == [0] and start in slots and phase.name == MOVE_PHASE:
+            continue  # a slot move's whole row at the slot input: index_safety bounds it too
         if axes is not None and len(axes) == 2 and update is not None and start in slot_starts:
             slot_axis, axis = axes
             if 0 <= axis < len(update) and 0 <= slot_axis < len(update) and update[slot_axis] == 1:

@@ -119,3 +119,45 @@ def _donated_to(px: PhaseIndex, x: str, root: str) -> bool:
         return False
     made = px.producer.get(x)
     return made is not None and px.phase.ops[made].primitive in DONATING
+
+
+# Ops that write into their first input (a state array's in-place update).
+IN_PLACE = frozenset({"DynamicSliceUpdate", "SliceUpdate", "Scatter", "ScatterAxis"})
+
+
+def state_in_place(ix: PlanIndex) -> Iterator[Finding]:
+    """A state array updated in place is read by no other op of its phase, unless that read ends at
+    a sync point before the update (``toolkit.schedule.donation_cuts``): MLX decides whether the
+    update may take the array's buffer when it schedules it, and a read still queued holds the
+    buffer, so the update would copy the whole array, bytes the envelope does not count."""
+    for px in ix.phases:
+        phase = px.phase
+        state = {b.id: b.name for b in phase.inputs if b.kind == "state"}
+        sync_slots = sorted(sp.slot for sp in phase.sync_points)
+
+        def segment(position: int, px=px, sync_slots=sync_slots) -> int:
+            return bisect.bisect_left(sync_slots, px.slot_of.get(position, -1))
+
+        for t, name in state.items():
+            readers = px.consumers.get(t, [])
+            writers = [
+                k for k in readers
+                if phase.ops[k].primitive in IN_PLACE and phase.ops[k].inputs[:1] == [t]
+            ]  # fmt: skip
+            for w in writers:
+                for r in readers:
+                    if r == w:
+                        continue
+                    if px.slot_of.get(r, -1) > px.slot_of.get(w, -1):
+                        problem = "after it"
+                    elif segment(r) == segment(w):
+                        problem = "in the same segment (no sync point between them)"
+                    else:
+                        continue
+                    yield (
+                        px.op_path(r),
+                        f"op {r} ({phase.ops[r].primitive}) reads state {name!r} {problem} as op "
+                        f"{w} ({phase.ops[w].primitive}) updates it in place: MLX would copy the "
+                        "whole array",
+                    )
+                    break

@@ -55,6 +55,7 @@ def runtime_ranges(ix: PlanIndex, px: PhaseIndex, point) -> dict[str, Range]:
     }
     if slotted(plan.bounds):  # a plan in slots (toolkit.slots): runner.batch bounds both
         ranges["slot"] = (0, plan.bounds.batch - 1)
+        ranges["source"] = ranges["slot"]  # a slot move's row read (toolkit.slot_move)
         # a busy row's position, or the spare last one where a free row's step writes
         ranges["positions"] = (0, max(0, plan.bounds.kv_capacity - 1))
     if plan.bounds.prefix_blocks > 0:  # runner.prefix_cache: a block of the pool

@@ -16,7 +16,7 @@ from dctms.schema.access import state_writes, token_gathers
 from dctms.schema.phase_index import PlanIndex
 from dctms.schema.sampling import INPUTS as SAMPLING_INPUTS
 from dctms.schema.sampling import SAMPLED_PHASES, samples
-from dctms.schema.slotted import slotted
+from dctms.schema.slotted import MOVE_PHASE, slotted
 
 Finding = tuple[str, str]
 
@@ -35,6 +35,8 @@ OPTIONAL_INPUTS = {
     # a prefix pool's block copies (toolkit.prefix_pool): no token, no result
     "save_block": ("slot", "position", "block"),
     "load_block": ("slot", "position", "block"),
+    # a batched plan's slot move (toolkit.slot_move): row source of every KV array to row slot
+    MOVE_PHASE: ("slot", "source"),
 }
 # Phases that copy state and return no token: they read state they do not write (the runner
 # keeps what such a phase reads; runner.batch) and have no next_token.
@@ -91,6 +93,9 @@ def runner_names(ix: PlanIndex) -> Iterator[Finding]:
         if phase.name in BLOCK_PHASES:
             yield from _block_phase(px, plan)
             continue
+        if phase.name == MOVE_PHASE:
+            yield from _move_phase(px, plan)
+            continue
         if RESULT not in results:
             yield f"{px.path}.outputs", f"no output binding named {RESULT!r}"
         written = {b.name for b in phase.outputs if b.kind == "state"}
@@ -140,6 +145,28 @@ def _block_phase(px, plan) -> Iterator[Finding]:
         yield f"{px.path}.tokens", (
             f"{px.phase.tokens}, but a pool block is one prefill chunk "
             f"({plan.bounds.prefill_chunk} positions)"
+        )
+
+
+def _move_phase(px, plan) -> Iterator[Finding]:
+    """A slot move (``toolkit.slot_move``): it exists only in a batched plan and returns state
+    only: every KV array of the slots, each of which it also reads."""
+    phase = px.phase
+    if plan.bounds.batch < 2:
+        yield f"{px.path}.name", f"{phase.name} moves a slot, but bounds.batch is {plan.bounds.batch}"
+    read = {b.name for b in phase.inputs if b.kind == "state"}
+    slots = {s.name for s in plan.state if s.kind == "kv" and not s.name.endswith(".pool")}
+    for k, b in enumerate(phase.outputs):
+        where = f"{px.path}.outputs[{k}]"
+        if b.kind != "state":
+            yield where, f"{phase.name} returns state only, not {b.kind} {b.name!r}"
+        elif b.name not in read:
+            yield f"{where}.name", f"state {b.name!r} is written but never read"
+    written = {b.name for b in phase.outputs if b.kind == "state"}
+    if written != slots:
+        missing = sorted(slots - written) or sorted(written - slots)
+        yield f"{px.path}.outputs", (
+            f"{phase.name} must move every slot array, and only those: not so for {missing[0]!r}"
         )
 
 

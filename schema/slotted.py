@@ -12,3 +12,7 @@ from __future__ import annotations
 def slotted(bounds) -> bool:
     """True for a plan whose phases take slots (see the module docstring)."""
     return bounds.batch > 1 or bounds.prefix_blocks > 0
+
+
+# A batched plan's slot move (toolkit.slot_move): one slot's KV row copied into another.
+MOVE_PHASE = "move_slot"

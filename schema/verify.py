@@ -76,6 +76,7 @@ RULES: dict[str, Rule] = {
     "interval_last_use": rules_memory.interval_last_use,
     "view_root": rules_memory.view_root,
     "donation": rules_donation.donation,
+    "state_in_place": rules_donation.state_in_place,
     "scratch": rules_memory.scratch,
     "arena_overlap": rules_memory.arena_overlap,
     "buffer_overlap": rules_memory.buffer_overlap,

@@ -37,6 +37,10 @@ Also within 6: ``CompileRequest.fused`` (compile --fused) and MLX's fused kernel
 refuses to read a --fused plan (an unknown field), and its runner refuses a fused op (a primitive
 it cannot re-create) in one line; an older verifier reads a GPU-target plan's fused ops as opaque
 primitives of their recorded shapes, which they are (it lacks the rule ``fused_kernels``).
+Also within 6: a batched plan's ``move_slot`` phase (``toolkit.slot_move``), with a sync point
+after each row it reads. Not a step: a batch-1 plan is byte-identical to before; an older runner
+leaves the phase unused (its sequences keep their slots) and this runner runs an older batched plan
+without moves.
 The version is checked before anything else, so a newer plan gets this message rather than a list of
 "unknown field" errors.
 """

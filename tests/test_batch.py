@@ -60,7 +60,13 @@ def test_the_batched_plan_has_slots_rows_and_positions(tiny) -> None:
         "prefill": ["tokens", "position", "last_index", "slot"],
         "decode": ["tokens", "positions"],
         "decode_one": ["tokens", "positions"],  # slot 0 alone: one row, MLX's scalar paths
+        "move_slot": ["slot", "source"],  # a sequence in a high slot moves to a free low one
     }
+    kv_names = {s.name for s in plan.state if s.kind == "kv"}
+    assert {b.name for b in phases["move_slot"].outputs} == kv_names
+    # every row read completes at a sync point before its array is updated in place
+    reasons = [sp.reason for sp in phases["move_slot"].sync_points]
+    assert sum("in-place update" in r for r in reasons) == len(kv_names)
     assert list(phases["decode"].lengths.names) == ["rows", "window"]
     assert phases["decode_one"].inputs[0].shape == [1]
     rows = {p[0] for p in phases["decode"].lengths.points}
@@ -125,6 +131,56 @@ def test_a_stop_token_and_a_cancelled_sequence_free_their_slots(tiny) -> None:
     again = batch.submit(validate_request(batch.plan, prompt, 10))
     batch.run_all()
     assert again.generation.tokens == full
+
+
+def test_a_sequence_left_in_a_high_slot_moves_down_and_steps_alone(tiny) -> None:
+    """Three short requests in slots 0-2 end; the long one in slot 3 moves down as slots below it
+    free up (its KV row copied, ``move_slot``) and, once in slot 0, the steps compute its row
+    alone, with the ids it has alone."""
+    from dctms.runner.request import validate_request
+
+    alone, batch = _sessions(tiny)
+    prompts = _prompts(SLOTS, seed=5)
+    budgets = [2] * (SLOTS - 1) + [10]
+    expected = [
+        alone.generate(validate_request(alone.plan, p, m)).tokens
+        for p, m in zip(prompts, budgets, strict=True)
+    ]
+    seqs = [
+        batch.submit(validate_request(batch.plan, p, m))
+        for p, m in zip(prompts, budgets, strict=True)
+    ]
+    batch.iterate()
+    assert [s.slot for s in seqs] == list(range(SLOTS))
+    while not all(s.done for s in seqs[:-1]):
+        batch.iterate()
+    assert not seqs[-1].done
+    batch.iterate()  # the first iteration with slots 0 .. B-2 free
+    assert seqs[-1].slot == 0 and batch.stats.moves >= 1
+    steps, singles = batch.stats.decode_steps, batch.stats.single_steps
+    batch.run_all()
+    assert [s.generation.tokens for s in seqs] == expected
+    assert batch.stats.single_steps - singles == batch.stats.decode_steps - steps > 0
+    assert batch.stats.rows_computed == batch.stats.rows_busy  # no idle row was ever computed
+    assert 0 < batch.stats.peak_observed <= batch.plan.envelope.provable
+
+
+def test_without_the_move_phase_a_sequence_keeps_its_slot(tiny, tmp_path) -> None:
+    """A batched plan of an earlier compiler (no ``move_slot``) still runs: nothing moves."""
+    from dctms.runner.request import validate_request
+
+    alone, batch = _sessions(tiny)
+    batch.move = None
+    prompts = _prompts(SLOTS, seed=5)
+    budgets = [2] * (SLOTS - 1) + [10]
+    seqs = [
+        batch.submit(validate_request(batch.plan, p, m))
+        for p, m in zip(prompts, budgets, strict=True)
+    ]
+    batch.run_all()
+    assert seqs[-1].slot == SLOTS - 1 and batch.stats.moves == 0
+    want = alone.generate(validate_request(alone.plan, prompts[-1], 10)).tokens
+    assert seqs[-1].generation.tokens == want
 
 
 def test_sessions_refuse_the_other_kind_of_plan(tiny) -> None:
@@ -280,6 +336,43 @@ def test_decode_one_belongs_to_batched_plans(tiny, tmp_path) -> None:
 
     edited = edit_plan(tiny["batched"], tmp_path / "e.plan", one_slot)
     assert_invalid(cli("validate", str(edited)), "decode_one is a batched plan's phase")
+
+
+def test_the_verifier_bounds_the_slot_move(tiny, tmp_path) -> None:
+    """move_slot belongs to a batched plan, moves every slot array, writes at the slot input, and
+    reads each row at a sync point before the array's in-place update."""
+
+    def one_slot(doc: dict) -> None:
+        doc["bounds"]["batch"] = 1
+
+    edited = edit_plan(tiny["batched"], tmp_path / "a.plan", one_slot)
+    assert_invalid(cli("validate", str(edited)), "move_slot moves a slot, but bounds.batch is 1")
+
+    def one_array_fewer(doc: dict) -> None:
+        move = phase_named(doc, "move_slot")
+        move["outputs"] = move["outputs"][1:]
+
+    edited = edit_plan(tiny["batched"], tmp_path / "b.plan", one_array_fewer)
+    assert_invalid(cli("validate", str(edited)), "move_slot must move every slot array")
+
+    def written_at_the_source(doc: dict) -> None:
+        move = phase_named(doc, "move_slot")
+        read = next(op for op in move["ops"] if op["primitive"] == "DynamicSlice")
+        write = next(op for op in move["ops"] if op["primitive"] == "DynamicSliceUpdate")
+        write["inputs"][2] = read["inputs"][1]  # the row's start: the source input
+
+    edited = edit_plan(tiny["batched"], tmp_path / "c.plan", written_at_the_source)
+    assert_invalid(cli("validate", str(edited)), "at an index that is not the position input")
+
+    def no_sync_before_the_updates(doc: dict) -> None:
+        move = phase_named(doc, "move_slot")
+        last = move["sync_points"][-1]
+        move["sync_points"] = [last]
+
+    edited = edit_plan(tiny["batched"], tmp_path / "d.plan", no_sync_before_the_updates)
+    assert_invalid(
+        cli("validate", str(edited)), "in the same segment (no sync point between them)"
+    )
 
 
 def test_a_session_on_another_thread_runs_after_the_main_thread_ran_mlx(tiny) -> None:

@@ -507,6 +507,10 @@ CASES: list[tuple[str, str, Break]] = [
     ),
     ("bindings", "output binding shape differs", lambda p: binding(p, "outputs", "out", shape=[2])),
     ("donation", "a matmul aliases its input", lambda p: _donated_ops(p, primitive="Matmul")),
+    # the KV update (op 3, slot 1) would copy: op 0 reads k_in before it in the same segment,
+    # op 4 reads it after it
+    ("state_in_place", "a read before the update, no sync between", lambda p: op(p, 0, inputs=["k_in", "tok"])),
+    ("state_in_place", "a read after the update", lambda p: op(p, 4, inputs=["t2", "k_in"])),
     ("donation", "two outputs", lambda p: _donated_ops(p, outputs=["t3", "t3b"])),
     ("donation", "the donor read twice", lambda p: _donated_ops(p, inputs=["t2", "t2"])),
     ("donation", "the donor evaluated", lambda p: _donated_sync(p, ["t2"])),

@@ -61,7 +61,7 @@ from dctms.schema.types import (
     WeightTensor,
 )
 from dctms.schema.verify import verify_plan
-from dctms.toolkit import assign, caches, limits, prefix_pool
+from dctms.toolkit import assign, caches, limits, prefix_pool, slot_move
 from dctms.toolkit.common_ops import merge_common_ops
 from dctms.toolkit.envelope import build_envelope
 from dctms.toolkit.fuse_projections import conflicting_weights, fuse_projections
@@ -573,6 +573,8 @@ def trace_source(
     # a batched plan's step of slot 0 alone: one row, as cheap as a batch-1 step (the rows
     # length stops at 2: MLX takes its scalar paths for a [1, ...] row, so rows = 1 is its own graph)
     one = [tracer.decode(window, name=DECODE_ONE, rows=1, **paths)] if opts.batch > 1 else []
+    # and its slot move (toolkit.slot_move): a sequence left in a high slot goes to a free low one
+    moves = [slot_move.trace_move_phase(tracer)] if opts.batch > 1 and rank is None else []
     blocks, pool = 0, []
     if _pooled(opts):
         if more_phases is not None:
@@ -582,7 +584,9 @@ def trace_source(
         pool = prefix_pool.trace_block_phases(tracer, blocks, chunk)
     start = caches.start_phases(tracer, quant, chunk, capacity, paths)
     more = more_phases(tracer, window, opts.real_lengths) if more_phases else []
-    traced = tracer.traced([*start, prefill, decode, *one, *pool, *(tp for tp, _ in more)])
+    traced = tracer.traced(
+        [*start, prefill, decode, *one, *moves, *pool, *(tp for tp, _ in more)]
+    )
     traced = replace(traced, prefix_blocks=blocks)
     fits: dict[str, LengthFit] = {}
     if not opts.real_lengths:

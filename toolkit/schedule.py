@@ -95,6 +95,38 @@ def memory_bound_flags(phase: TracedPhase, views: set[int], ridge: float) -> lis
     return flags
 
 
+# Ops that write into their first input, in place when MLX may donate its buffer.
+IN_PLACE = frozenset({"DynamicSliceUpdate", "SliceUpdate", "Scatter", "ScatterAxis"})
+
+
+def donation_cuts(
+    phase: TracedPhase, global_order: list[int], position: dict[int, int]
+) -> dict[int, str]:
+    """Sync points (positions in ``global_order``, with their reason) that let an in-place write
+    of a state array find its buffer free: after the last op that reads the array before it.
+
+    MLX decides whether an update may reuse (donate) its input's buffer when it schedules the
+    update, and a reader still queued holds that buffer: the update then copies the whole array
+    instead (measured: a slot move of every KV row without the sync copied all of the KV). A read
+    that completes at a sync point before the update leaves the buffer to it. Only a phase that
+    reads a state array before writing it gets these (``toolkit.slot_move``'s rows)."""
+    state = {b.id: b.name for b in phase.inputs if b.kind == "state"}
+    readers: dict[str, list[int]] = {}
+    for i in global_order:
+        for t in phase.ops[i].inputs:
+            if t in state:
+                readers.setdefault(t, []).append(i)
+    cuts: dict[int, str] = {}
+    for i in global_order:
+        op = phase.ops[i]
+        if op.primitive not in IN_PLACE or not op.inputs or op.inputs[0] not in state:
+            continue
+        before = [position[j] for j in readers[op.inputs[0]] if position[j] < position[i]]
+        if before:
+            cuts[max(before)] = f"{state[op.inputs[0]]} read before its in-place update"
+    return cuts
+
+
 def build_schedule(
     phase: TracedPhase, views: set[int], ridge: float, sync_every: int = 0
 ) -> Schedule:
@@ -121,11 +153,13 @@ def build_schedule(
         }
     else:
         last_pos = {}
-    cuts = sorted({p for p in last_pos.values()} | {len(global_order) - 1})
+    position = {i: p for p, i in enumerate(global_order)}
+    donation = donation_cuts(phase, global_order, position)
+    cuts = sorted({p for p in last_pos.values()} | set(donation) | {len(global_order) - 1})
     reasons = {p: f"end of layer {layer}" for layer, p in last_pos.items()}
+    reasons |= {p: why for p, why in donation.items() if p not in reasons}
     reasons[len(global_order) - 1] = "phase end: next token and cache to the host"
 
-    position = {i: p for p, i in enumerate(global_order)}
     last_reader: dict[str, int] = {}
     for i in global_order:
         for t in op_inputs[i]:
