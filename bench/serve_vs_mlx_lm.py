@@ -9,7 +9,9 @@ The model defaults to SmolLM2-135M-Instruct as `dctms demo` prepares it (fetched
 converted). A plan is compiled for it at -N/-M with ``--batch`` slots (continuous batching;
 1: a batch-1 plan, one request at a time). Each server is started in turn (mlx_lm.server with
 ``--decode-concurrency`` and ``--prompt-concurrency`` set to the same figure, its defaults
-otherwise, and `dctms serve`'s own LD_PRELOAD of OpenBLAS), warmed up with one request, then driven
+otherwise; `dctms serve` with ``--prerecord``, which records every verified length point's graphs
+at start rather than on first use, and its own LD_PRELOAD of OpenBLAS), warmed up with one
+request, then driven
 at each level by that many client threads sharing ``--requests`` streamed chat completions of
 ``--max-tokens`` tokens (temperature 0; a level with more clients than ``--requests`` sends one
 request per client). Reported per level and server: aggregate completion
@@ -51,7 +53,7 @@ PROMPTS = [
 def server_command(system: str, plan: Path, folder: Path, port: int, concurrency: int) -> list[str]:
     if system == "dctms":
         return [sys.executable, "-m", "dctms.cli.main", "serve", "--plan", f"demo={plan}={folder}",
-                "--port", str(port), "--max-queue", "1024"]  # fmt: skip
+                "--port", str(port), "--max-queue", "1024", "--prerecord"]  # fmt: skip
     return [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder), "--port", str(port),
             "--decode-concurrency", str(concurrency), "--prompt-concurrency", str(concurrency),
             "--log-level", "WARNING"]  # fmt: skip

@@ -44,17 +44,29 @@ def test_batch_loop_accounts_for_every_step(tmp_path: Path) -> None:
     beta = build_tiny_models(tmp_path)["beta"]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "batch_loop.py"), "--model", str(beta.folder),
-         "-N", "256", "-M", "8", "--batch", "2", "--requests", "5", "--max-tokens", "6"],
+         "-N", "256", "-M", "8", "--batch", "2", "--requests", "5", "--max-tokens", "6",
+         "--compare-moves"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
-    assert lines[0].startswith("5 requests of up to 6 tokens over 2 slots, in process: ")
-    head = re.match(r"prefill calls: (\d+), [\d.]+ s; decode steps: (\d+), [\d.]+ s", lines[1])
-    assert head and int(head[1]) >= 5
-    by_rows = [re.match(r"  decode steps with ([12]) busy rows: (\d+), median", x) for x in lines[2:]]
-    assert by_rows and all(by_rows)
-    assert sum(int(m[2]) for m in by_rows) == int(head[2])
+    blocks = proc.stdout.split("-- with")[1:]  # with slot moves, then without
+    assert [b.split("\n", 1)[0] for b in blocks] == [" slot moves", "out slot moves"]
+    generated = []
+    for block, moved in zip(blocks, (True, False), strict=True):
+        lines = block.splitlines()[1:]
+        assert lines[0].startswith("5 requests of up to 6 tokens over 2 slots, in process: ")
+        generated.append(re.search(r": (\d+) tokens in", lines[0])[1])
+        head = re.match(
+            r"prefill calls: (\d+), [\d.]+ s; decode steps: (\d+), [\d.]+ s; "
+            r"other [\d.]+ s \(slot moves: (\d+)\)",
+            lines[1],
+        )
+        assert head and int(head[1]) >= 5
+        assert moved or int(head[3]) == 0  # (whether a move happens depends on the load)
+        by_rows = [re.match(r"  decode steps with ([12]) busy rows: (\d+), median", x) for x in lines[2:]]
+        assert by_rows and all(by_rows)
+        assert sum(int(m[2]) for m in by_rows) == int(head[2])
+    assert generated[0] == generated[1]  # the same tokens either way
 
 
 @pytest.mark.slow
