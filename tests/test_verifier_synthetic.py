@@ -5,7 +5,8 @@
 only for these tests; it shares nothing with the compiler in ``toolkit``. Its plans follow the plan
 conventions: optional scratch tenants ``scratch.N``, intervals widened past the last read by up to
 ``OpSpec.widen`` slots but never past the next sync point, sync points that evaluate what crosses
-them and the phase outputs, and at most one KV-cache update whose "state" tensor aliases ``k_in``.
+them and the phase outputs, and at most one KV-cache update whose "state" tensor aliases ``k_in``
+(then the only op that reads ``k_in``: rule ``state_in_place``).
 """
 
 from __future__ import annotations
@@ -267,7 +268,9 @@ def op_graphs(draw, max_ops: int = 25) -> tuple[list[OpSpec], set[int]]:
     state_at = draw(st.none() | st.integers(0, n - 2)) if n > 1 else None
     specs: list[OpSpec] = []
     for i in range(n):
-        available = list(EXTERNAL) + [f"x{j}" for j in range(i)]
+        # an update in place is the only reader of the state it writes (rule state_in_place)
+        external = [e for e in EXTERNAL if e != STATE_IN or state_at in (None, i)]
+        available = external + [f"x{j}" for j in range(i)]
         inputs = draw(st.lists(st.sampled_from(available), min_size=1, max_size=3, unique=True))
         if i == state_at and STATE_IN not in inputs:
             inputs = [STATE_IN, *inputs[:2]]
