@@ -433,6 +433,25 @@ def test_runner_matches_mlx_lm_past_the_window(ring_built, name, length, tmp_pat
     print(f"{name} L={length}: provable/observed {report['envelope_over_observed']:.4f}")
 
 
+def test_a_ring_plan_synced_every_layer_runs_within_its_envelope(ring_built, tmp_path) -> None:
+    """--sync-every 1 on a model with rings: an output a sync point evaluates is never planned in
+    a donated buffer (it was, and the verifier refused the compiler's own plan)."""
+    from dctms.schema.io import write_plan
+
+    folder, _, _, model = ring_built("gemma3-f32")
+    plan = compile_plan(open_model(folder), CompileOptions(N, M, prefill_chunk=CHUNK, sync_every=1))
+    assert verify_plan(plan) == []
+    assert all(len(p.sync_points) > 1 for p in plan.phases)
+    path = tmp_path / "synced.plan"
+    write_plan(plan, path)
+    prompt = prompt_ids(50)
+    expected, _ = mlx_lm_generate(model, prompt, K)
+    proc = run_plan(path, folder, prompt, K, tmp_path / "report.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tokens"] == expected and report["within_envelope"], report["observed"]
+
+
 MAX_KV = 24  # --max-kv-size: mlx-lm's RotatingKVCache(24, keep=4) on every layer of a plain model
 
 

@@ -102,6 +102,9 @@ class GraphFacts:
     slot_of: list[int]  # slot of each execution position
     segment_end: list[int]  # last execution position of each position's segment
     donors: frozenset[str]  # tensors MLX may donate, as far as the graph and sync points say
+    # tensors the runner holds past their op: phase outputs and what sync points evaluate (none of
+    # them is planned in a donated buffer; the verifier's rule ``donation`` refuses that)
+    held: frozenset[str]
     in_dtypes: list[list[str]]  # per execution position, its op's input dtypes
     out_dtypes: list[list[str]]
 
@@ -125,6 +128,7 @@ def graph_facts(phase: TracedPhase, sched: Schedule, rules: MemoryRules = CPU_RU
         slot_of,
         segment_end,
         frozenset(_sole_reads(phase, sched) if rules.donation else ()),
+        frozenset(_held(phase, sched)),
         [[dtype[t] for t in op.inputs] for op in ops],
         [[dtype[t] for t in op.outputs] for op in ops],
     )
@@ -187,7 +191,7 @@ def analyse(
             size = nbytes(info.shape, info.dtype)
             layout[t] = eff.layout
             donor = None
-            if eff.donors and len(op.outputs) == 1 and t not in outputs:
+            if eff.donors and len(op.outputs) == 1 and t not in facts.held:
                 donor = next(
                     (
                         op.inputs[k]
@@ -302,10 +306,16 @@ def _sole_reads(phase: TracedPhase, sched: Schedule) -> set[str]:
             reads[t] = reads.get(t, 0) + 1
         if len(op.outputs) == 1:
             single.add(op.outputs[0])
+    held = _held(phase, sched)
+    return {t for t in single if reads.get(t) == 1 and t not in held}
+
+
+def _held(phase: TracedPhase, sched: Schedule) -> set[str]:
+    """The phase outputs and every tensor a sync point evaluates."""
     held = {b.id for b in phase.outputs}
     for seg in sched.segments:
         held.update(seg.evaluate)
-    return {t for t in single if reads.get(t) == 1 and t not in held}
+    return held
 
 
 def _donatable(

@@ -106,7 +106,6 @@ class PointChecker:
         self._templates = list(templates)
 
         # Per execution position: what op_memory reads, and the bound's decisions.
-        outputs = {b.id: b.kind for b in phase.outputs}
         leaf_kind = {b.id: b.kind for b in phase.inputs}
         leaf_kind.update({c.id: "constant" for c in phase.constants})
 
@@ -123,7 +122,7 @@ class PointChecker:
             op = phase.ops[i]
             is_state = tuple(leaf_kind.get(root_of(t)) == "state" for t in op.inputs)
             varying = tuple(by_op.get(i, ()))
-            eligible = len(op.outputs) == 1 and op.outputs[0] not in outputs
+            eligible = len(op.outputs) == 1 and op.outputs[0] not in facts.held
             signature = (
                 eligible,
                 op.primitive,
