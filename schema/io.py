@@ -17,9 +17,11 @@ them. Non-finite floats anywhere else cannot be written.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -157,10 +159,25 @@ def _decode(data: bytes, for_run: bool) -> tuple[Plan | None, list[Problem]]:
     if version is not None:
         return None, [version]
     plan = _restore_non_finite(plan)
+    key = hashlib.sha256(data).digest()
+    if key in _VERIFIED and _VERIFIED[key] >= for_run:  # passed every check in this process
+        _VERIFIED.move_to_end(key)
+        return plan, []
     problems = verify_plan(plan, for_run=for_run)
     if not problems:  # an invalid plan is refused anyway: these would add nothing
         problems = _integrity_problems(plan, bytes(data))
+    if not problems:
+        _VERIFIED[key] = for_run or _VERIFIED.get(key, False)
+        while len(_VERIFIED) > _VERIFIED_KEPT:
+            _VERIFIED.popitem(last=False)
     return plan, problems
+
+
+# The SHA-256 of plan bytes that passed every check in this process (True: the run-only rules too).
+# The checks are a pure function of the bytes, so the same bytes read again (a server reloading
+# its plans, the inspector reopening one, a notebook calling the API) are not verified again.
+_VERIFIED: OrderedDict[bytes, bool] = OrderedDict()
+_VERIFIED_KEPT = 256
 
 
 def _integrity_problems(plan: Plan, data: bytes) -> list[Problem]:

@@ -205,6 +205,33 @@ def test_decode_returns_the_plan(tiny_plan: Plan, tiny_plan_bytes: bytes) -> Non
     assert encode_plan(decode_plan(tiny_plan_bytes)) == encode_plan(tiny_plan)
 
 
+def test_the_same_bytes_are_verified_once(tiny_plan_bytes: bytes, monkeypatch) -> None:
+    """Bytes that passed every check are not verified again in this process (the run-only rules
+    once more when first asked for); bytes that failed are checked every time."""
+    calls: list[bool] = []
+    real = io.verify_plan
+
+    def counting(plan, *, for_run=True):
+        calls.append(for_run)
+        return real(plan, for_run=for_run)
+
+    monkeypatch.setattr(io, "verify_plan", counting)
+    monkeypatch.setattr(io, "_VERIFIED", type(io._VERIFIED)())
+    data = tiny_plan_bytes + b" "  # bytes no other test has verified in this process
+    decode_plan(data)
+    decode_plan(data)
+    assert calls == [False]
+    decode_plan(data, for_run=True)
+    decode_plan(data, for_run=True)
+    decode_plan(data)
+    assert calls == [False, True]
+    broken = _mutated(tiny_plan_bytes, lambda d: d["bounds"].update(batch=0))
+    for _ in range(2):
+        with pytest.raises(PlanError):
+            decode_plan(broken)
+    assert len(calls) == 4
+
+
 def _mutated(data: bytes, edit) -> bytes:
     document = msgspec.json.decode(data)
     edit(document)
