@@ -130,22 +130,29 @@ def _block_phase(px, plan) -> Iterator[Finding]:
     phase = px.phase
     if plan.bounds.prefix_blocks < 1:
         yield f"{px.path}.name", f"{phase.name} copies prefix-pool blocks, but bounds.prefix_blocks is 0"
-    read = {b.name for b in phase.inputs if b.kind == "state"}
+    yield from _copies_state(px)
     pool = phase.name == "save_block"
+    for k, b in enumerate(phase.outputs):
+        if b.kind == "state" and b.name.endswith(".pool") != pool:
+            what = "pool blocks" if pool else "slots"
+            yield f"{px.path}.outputs[{k}].name", f"{phase.name} writes {what}, not {b.name!r}"
+    if px.phase.tokens != plan.bounds.prefill_chunk:
+        yield f"{px.path}.tokens", (
+            f"{px.phase.tokens}, but a pool block is one prefill chunk "
+            f"({plan.bounds.prefill_chunk} positions)"
+        )
+
+
+def _copies_state(px) -> Iterator[Finding]:
+    """A phase that copies state returns state only, each array one it also reads."""
+    phase = px.phase
+    read = {b.name for b in phase.inputs if b.kind == "state"}
     for k, b in enumerate(phase.outputs):
         where = f"{px.path}.outputs[{k}]"
         if b.kind != "state":
             yield where, f"{phase.name} returns state only, not {b.kind} {b.name!r}"
         elif b.name not in read:
             yield f"{where}.name", f"state {b.name!r} is written but never read"
-        elif b.name.endswith(".pool") != pool:
-            what = "pool blocks" if pool else "slots"
-            yield f"{where}.name", f"{phase.name} writes {what}, not {b.name!r}"
-    if px.phase.tokens != plan.bounds.prefill_chunk:
-        yield f"{px.path}.tokens", (
-            f"{px.phase.tokens}, but a pool block is one prefill chunk "
-            f"({plan.bounds.prefill_chunk} positions)"
-        )
 
 
 def _move_phase(px, plan) -> Iterator[Finding]:
@@ -154,14 +161,8 @@ def _move_phase(px, plan) -> Iterator[Finding]:
     phase = px.phase
     if plan.bounds.batch < 2:
         yield f"{px.path}.name", f"{phase.name} moves a slot, but bounds.batch is {plan.bounds.batch}"
-    read = {b.name for b in phase.inputs if b.kind == "state"}
+    yield from _copies_state(px)
     slots = {s.name for s in plan.state if s.kind == "kv" and not s.name.endswith(".pool")}
-    for k, b in enumerate(phase.outputs):
-        where = f"{px.path}.outputs[{k}]"
-        if b.kind != "state":
-            yield where, f"{phase.name} returns state only, not {b.kind} {b.name!r}"
-        elif b.name not in read:
-            yield f"{where}.name", f"state {b.name!r} is written but never read"
     written = {b.name for b in phase.outputs if b.kind == "state"}
     if written != slots:
         missing = sorted(slots - written) or sorted(written - slots)

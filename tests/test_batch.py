@@ -39,6 +39,13 @@ def _prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(256) for _ in range(rng.randrange(1, 25))] for _ in range(count)]
 
 
+def _requests(plan, prompts: list[list[int]], budgets: list[int]) -> list:
+    """Each prompt with its ``max_tokens``, validated for ``plan``."""
+    from dctms.runner.request import validate_request
+
+    return [validate_request(plan, p, m) for p, m in zip(prompts, budgets, strict=True)]
+
+
 def _sessions(tiny):
     from dctms.runner.batch import BatchSession
     from dctms.runner.load import load_checked_plan
@@ -81,19 +88,11 @@ def test_the_batched_plan_has_slots_rows_and_positions(tiny) -> None:
 def test_batched_ids_equal_each_prompt_run_alone(tiny) -> None:
     """More prompts than slots, mixed lengths and budgets: they queue, join at step boundaries,
     and each generates exactly what it generates alone."""
-    from dctms.runner.request import validate_request
-
     alone, batch = _sessions(tiny)
     prompts = _prompts(11)
     budgets = [1 + i % 10 for i in range(len(prompts))]
-    expected = [
-        alone.generate(validate_request(alone.plan, p, m)).tokens
-        for p, m in zip(prompts, budgets, strict=True)
-    ]
-    seqs = [
-        batch.submit(validate_request(batch.plan, p, m))
-        for p, m in zip(prompts, budgets, strict=True)
-    ]
+    expected = [alone.generate(r).tokens for r in _requests(alone.plan, prompts, budgets)]
+    seqs = [batch.submit(r) for r in _requests(batch.plan, prompts, budgets)]
     batch.run_all()
     assert [s.generation.tokens for s in seqs] == expected
     assert all(s.finish == "length" for s in seqs)
@@ -137,19 +136,11 @@ def test_a_sequence_left_in_a_high_slot_moves_down_and_steps_alone(tiny) -> None
     """Three short requests in slots 0-2 end; the long one in slot 3 moves down as slots below it
     free up (its KV row copied, ``move_slot``) and, once in slot 0, the steps compute its row
     alone, with the ids it has alone."""
-    from dctms.runner.request import validate_request
-
     alone, batch = _sessions(tiny)
     prompts = _prompts(SLOTS, seed=5)
     budgets = [2] * (SLOTS - 1) + [10]
-    expected = [
-        alone.generate(validate_request(alone.plan, p, m)).tokens
-        for p, m in zip(prompts, budgets, strict=True)
-    ]
-    seqs = [
-        batch.submit(validate_request(batch.plan, p, m))
-        for p, m in zip(prompts, budgets, strict=True)
-    ]
+    expected = [alone.generate(r).tokens for r in _requests(alone.plan, prompts, budgets)]
+    seqs = [batch.submit(r) for r in _requests(batch.plan, prompts, budgets)]
     batch.iterate()
     assert [s.slot for s in seqs] == list(range(SLOTS))
     while not all(s.done for s in seqs[:-1]):
@@ -173,10 +164,7 @@ def test_without_the_move_phase_a_sequence_keeps_its_slot(tiny, tmp_path) -> Non
     batch.move = None
     prompts = _prompts(SLOTS, seed=5)
     budgets = [2] * (SLOTS - 1) + [10]
-    seqs = [
-        batch.submit(validate_request(batch.plan, p, m))
-        for p, m in zip(prompts, budgets, strict=True)
-    ]
+    seqs = [batch.submit(r) for r in _requests(batch.plan, prompts, budgets)]
     batch.run_all()
     assert seqs[-1].slot == SLOTS - 1 and batch.stats.moves == 0
     want = alone.generate(validate_request(alone.plan, prompts[-1], 10)).tokens
