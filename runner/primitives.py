@@ -124,6 +124,8 @@ _ELEMENTWISE: dict[str, Handler] = {
     "Sinh": _unary(mx.sinh),
     "Square": _unary(mx.square),
     "StopGradient": _unary(mx.stop_gradient),
+    # the first input, evaluated after the others (a batched plan's slot move orders its rows so)
+    "Depends": lambda a, x: mx.depends(x[0], x[1:]),
     "Tan": _unary(mx.tan),
     "Tanh": _unary(mx.tanh),
     # [base]: Log::Base {two, ten, e}

@@ -364,7 +364,8 @@ def _value_range(prim: str, args: list, ranges: list[Range], out_dtype: str) -> 
         return (0, 1)
     if prim in ("Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze", "Broadcast",
                 "Transpose", "Slice", "DynamicSlice", "Gather", "GatherAxis", "AsType",
-                "StopGradient", "Sort", "Partition", "Copy", "Split", "Concatenate"):  # fmt: skip
+                "StopGradient", "Sort", "Partition", "Copy", "Split", "Concatenate",
+                "Depends"):  # fmt: skip
         return _union(ranges[:1] if prim not in ("Concatenate",) else ranges)
     if prim == "Select" and len(ranges) == 3:
         return _union(ranges[1:])

@@ -74,6 +74,9 @@ def test_the_batched_plan_has_slots_rows_and_positions(tiny) -> None:
     # every row read completes at a sync point before its array is updated in place
     reasons = [sp.reason for sp in phases["move_slot"].sync_points]
     assert sum("in-place update" in r for r in reasons) == len(kv_names)
+    # and each row is read after the previous array is written: at most two rows alive at once
+    row = max(s.bytes // s.shape[0] for s in plan.state if s.kind == "kv")
+    assert row < phases["move_slot"].arena_bytes <= 2 * row + 2 * plan.target.alignment
     assert list(phases["decode"].lengths.names) == ["rows", "window"]
     assert phases["decode_one"].inputs[0].shape == [1]
     rows = {p[0] for p in phases["decode"].lengths.points}

@@ -288,6 +288,8 @@ CASES: dict[str, tuple[str, Callable, tuple]] = {
     "slice_strided": ("Slice", lambda x: x[::-1, 1::2, ::-3], (X,)),
     "slice_negative": ("Slice", lambda x: x[-1:, :-1, -3:-1], (X,)),
     "slice_int": ("Slice", lambda x: x[:, 1], (X,)),
+    # a batched plan's slot move (toolkit.slot_move): the next row's start after this write
+    "depends": ("Depends", lambda x, y: mx.depends(x + 1, y * 2) * 3, (X, X)),
     "dynamic_slice": (
         "DynamicSlice",
         lambda x, s: mx.slice(x, s, axes=(1, 2), slice_size=(2, 3, 2)),

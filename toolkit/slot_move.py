@@ -8,6 +8,12 @@ then a ``DynamicSliceUpdate`` on axis 0). The row's bytes are the same bytes, so
 on generating exactly what it would have generated in its old slot, and the steps after the move
 compute only the busy rows.
 
+Memory: each row is read, then written into the array it came from, which MLX does in place only
+if the read has finished (``toolkit.schedule.donation_cuts`` puts a sync point after each read);
+and each array's row is read only after the previous array is written (an ``mx.depends`` on its
+start), so at most two rows are alive at once, whatever the number of layers (without it, MLX's
+breadth-first order read about twenty rows ahead: 70 MB of a 4,353-position SmolLM2 plan).
+
 Both starts are a single value on axis 0 fed by the runner below ``bounds.batch``; the verifier
 bounds them (``schema.rules_index``) and accepts the whole-row write only in this phase
 (``schema.access``). The phase processes no token; its ``tokens`` is 1, the least a phase
@@ -32,11 +38,14 @@ def trace_move_phase(tracer: PhaseTracer) -> TracedPhase:
 
     def move(slot, source, **kw):
         out = []
+        start = source.reshape(1)
         for n in names:
             _, heads, capacity, dim = kw[n].shape
             size = (1, heads, capacity, dim)
-            row = mx.slice(kw[n], source.reshape(1), axes=(0,), slice_size=size)
+            row = mx.slice(kw[n], start, axes=(0,), slice_size=size)
             out.append(mx.slice_update(kw[n], row, slot.reshape(1), axes=(0,)))
+            # the next array's row is read only once this one is written: one row at a time
+            start = mx.depends(source.reshape(1), out[-1])
         return tuple(out)
 
     return _export(MOVE, 1, move, feeds, {}, state, names, results=())
