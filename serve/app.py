@@ -438,6 +438,8 @@ MODEL_GAUGES = [  # (metric, the per_model field, help)
     ("dctms_model_envelope_provable_bytes", "envelope_provable_bytes",
      "the model's plan's provable peak (its observed peak stays within it)"),
     ("dctms_model_m_max_bytes", "m_max_bytes", "the model's plan's M_max"),
+    ("dctms_model_slot_moves_total", "slot_moves",
+     "a batched model's sequences moved down to a free slot (so steps compute only busy rows)"),
 ]
 
 

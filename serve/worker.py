@@ -94,6 +94,7 @@ class ModelLoad:
     tokens: int = 0  # tokens generated since the server started
     busy_s: float = 0.0  # seconds in which at least one of its requests was running
     peak_observed: int = 0  # a batched model's largest observed MLX peak above what others hold
+    slot_moves: int = 0  # a batched model's sequences moved down to a free slot (runner.batch)
 
     @property
     def tokens_per_s(self) -> float:
@@ -204,6 +205,7 @@ class Worker:
                     "busy_s": round(load.busy_s, 3),
                     "tokens_per_s": round(load.tokens_per_s, 3),
                     "observed_mlx_peak_bytes": load.peak_observed if load.slotted else None,
+                    "slot_moves": load.slot_moves if load.slotted else None,
                     "envelope_provable_bytes": env.provable,
                     "m_max_bytes": env.total,
                 }
@@ -385,6 +387,7 @@ class Worker:
             load = self.load[name]
             load.busy_s += time.perf_counter() - start
             load.peak_observed = max(load.peak_observed, session.stats.peak_observed)
+            load.slot_moves = session.stats.moves
         return None
 
     def _end_everything(self) -> None:
