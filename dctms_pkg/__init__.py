@@ -310,13 +310,12 @@ def fit(
 
     base = _options(*bounds(1), **fields, real_lengths=False)
 
+    def compiled(opts, probe: bool = False):  # with ranks, the budget is per rank
+        return (widest_rank if ranks > 1 else _compile)(source, opts, probe=probe)
+
     def measure(value: int) -> int:
         n, m = bounds(value)
-        opts = replace(base, input_tokens=n, output_tokens=m)
-        if ranks > 1:
-            plan = widest_rank(source, opts, probe=True)
-        else:
-            plan = _compile(source, opts, probe=True)
+        plan = compiled(replace(base, input_tokens=n, output_tokens=m), probe=True)
         if progress is not None:
             progress(f"{'N' if search_n else 'M'} = {value:,}: M_max {plan.envelope.total:,}")
         return plan.envelope.total
@@ -331,8 +330,7 @@ def fit(
     best = found.best if found is not None else None
     plan = None
     if best is not None:
-        final = _options(*bounds(best), **fields, real_lengths=real_lengths)
-        plan = widest_rank(source, final) if ranks > 1 else _compile(source, final)
+        plan = compiled(_options(*bounds(best), **fields, real_lengths=real_lengths))
     return FitResult(
         searched="input_tokens" if search_n else "output_tokens",
         value=best,

@@ -30,6 +30,9 @@ VIEW_ALWAYS = frozenset(
     }
 )
 RESHAPES = frozenset({"Reshape", "Flatten", "Unflatten"})
+# Ops that write into their first input, in place when MLX may donate its buffer (a state array's
+# update: toolkit.schedule.donation_cuts, rule state_in_place).
+IN_PLACE = frozenset({"DynamicSliceUpdate", "SliceUpdate", "Scatter", "ScatterAxis"})
 UNARY = frozenset(
     {
         "Abs",

@@ -23,7 +23,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from dctms.schema.aliasing import DONATING, DONATION_SLACK_BYTES, RESHAPES, VIEW_ALWAYS
+from dctms.schema.aliasing import (
+    DONATING,
+    DONATION_SLACK_BYTES,
+    IN_PLACE,
+    RESHAPES,
+    VIEW_ALWAYS,
+)
 from dctms.schema.phase_index import PhaseIndex, PlanIndex
 from dctms.schema.sizes import ITEMSIZE
 
@@ -43,11 +49,7 @@ def _phase_donation(px: PhaseIndex) -> Iterator[Finding]:
     held = {b.id for b in phase.outputs}
     for sp in phase.sync_points:
         held.update(sp.evaluate)
-    sync_slots = sorted(sp.slot for sp in phase.sync_points)
-
-    def segment(position: int) -> int:
-        return bisect.bisect_left(sync_slots, px.slot_of.get(position, -1))
-
+    segment = _segments(px)
     for i, t in enumerate(tensors):
         if t.view_of is None or t.kind == "state":
             continue
@@ -70,6 +72,16 @@ def _phase_donation(px: PhaseIndex) -> Iterator[Finding]:
                 where,
                 f"op {producer} ({op.primitive}) cannot write into {t.view_of!r}: {problem}",
             )
+
+
+def _segments(px: PhaseIndex):
+    """The segment (between two sync points) each op position of the phase runs in."""
+    sync_slots = sorted(sp.slot for sp in px.phase.sync_points)
+
+    def segment(position: int) -> int:
+        return bisect.bisect_left(sync_slots, px.slot_of.get(position, -1))
+
+    return segment
 
 
 def _donation_problem(px: PhaseIndex, t, producer: int, held: set[str], segment) -> str:
@@ -121,10 +133,6 @@ def _donated_to(px: PhaseIndex, x: str, root: str) -> bool:
     return made is not None and px.phase.ops[made].primitive in DONATING
 
 
-# Ops that write into their first input (a state array's in-place update).
-IN_PLACE = frozenset({"DynamicSliceUpdate", "SliceUpdate", "Scatter", "ScatterAxis"})
-
-
 def state_in_place(ix: PlanIndex) -> Iterator[Finding]:
     """A state array updated in place is read by no other op of its phase, unless that read ends at
     a sync point before the update (``toolkit.schedule.donation_cuts``): MLX decides whether the
@@ -133,11 +141,7 @@ def state_in_place(ix: PlanIndex) -> Iterator[Finding]:
     for px in ix.phases:
         phase = px.phase
         state = {b.id: b.name for b in phase.inputs if b.kind == "state"}
-        sync_slots = sorted(sp.slot for sp in phase.sync_points)
-
-        def segment(position: int, px=px, sync_slots=sync_slots) -> int:
-            return bisect.bisect_left(sync_slots, px.slot_of.get(position, -1))
-
+        segment = _segments(px)
         for t, name in state.items():
             readers = px.consumers.get(t, [])
             writers = [

@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from dctms.schema.aliasing import IN_PLACE
 from dctms.schema.sizes import ITEMSIZE
 from dctms.toolkit.order import mlx_eval_order, producers
 from dctms.toolkit.trace import TracedPhase
@@ -93,10 +94,6 @@ def memory_bound_flags(phase: TracedPhase, views: set[int], ridge: float) -> lis
         flops = op_flops(op.primitive, [t.shape for t in ins], outs[0].shape)
         flags.append(moved > 0 and flops / moved < ridge)
     return flags
-
-
-# Ops that write into their first input, in place when MLX may donate its buffer.
-IN_PLACE = frozenset({"DynamicSliceUpdate", "SliceUpdate", "Scatter", "ScatterAxis"})
 
 
 def donation_cuts(
