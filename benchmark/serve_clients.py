@@ -143,6 +143,9 @@ def level_figures(answers: Sequence[Answer], wall_s: float) -> dict:
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
         "latency_p50_s": percentile(lats, 50), "latency_p95_s": percentile(lats, 95),
         "errors": sorted({a.error for a in answers if a.error})[:3],
+        # prompt tokens the server says it reused from a cache (None: it never said)
+        "cached_tokens": (sum(a.cached_tokens for a in ok if a.cached_tokens is not None)
+                          if any(a.cached_tokens is not None for a in ok) else None),
     }  # fmt: skip
 
 

@@ -36,6 +36,10 @@ def test_level_figures_count_only_answered_requests() -> None:
     assert fig["completion_tokens"] == 30 and fig["tok_per_s"] == 10.0
     assert fig["latency_p95_s"] == 2.0 and fig["ttft_p50_s"] == 0.1
     assert fig["errors"] == ["HTTP 503"]
+    assert fig["cached_tokens"] is None  # no server said how many prompt tokens it reused
+    said = [Answer(200, 0.1, 1.0, 10, "a", "", 24), Answer(200, 0.1, 1.0, 10, "b"),
+            Answer(503, None, 0.1, 0, "", "HTTP 503", 99)]  # fmt: skip
+    assert level_figures(said, wall_s=1.0)["cached_tokens"] == 24  # answered requests only
 
 
 def test_batch_loop_accounts_for_every_step(tmp_path: Path) -> None:
@@ -45,11 +49,12 @@ def test_batch_loop_accounts_for_every_step(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "batch_loop.py"), "--model", str(beta.folder),
          "-N", "256", "-M", "8", "--batch", "2", "--requests", "5", "--max-tokens", "6",
-         "--compare-moves"],
+         "--compare-moves", "--mlx-lm"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    blocks = proc.stdout.split("-- with")[1:]  # with slot moves, then without
+    ours_out, theirs_out = proc.stdout.split("-- mlx-lm BatchGenerator")
+    blocks = ours_out.split("-- with")[1:]  # with slot moves, then without
     assert [b.split("\n", 1)[0] for b in blocks] == [" slot moves", "out slot moves"]
     generated = []
     for block, moved in zip(blocks, (True, False), strict=True):
@@ -67,6 +72,15 @@ def test_batch_loop_accounts_for_every_step(tmp_path: Path) -> None:
         assert by_rows and all(by_rows)
         assert sum(int(m[2]) for m in by_rows) == int(head[2])
     assert generated[0] == generated[1]  # the same tokens either way
+    # then mlx-lm's own continuous batching on the same load, in a child process, and the ratio
+    lines = theirs_out.splitlines()
+    assert lines[0] == ", 2 sequences at once, the same prompts"
+    theirs = re.match(r"5 requests of up to 6 tokens, in process: \d+ tokens in [\d.]+ s, ([\d.]+) tok/s", lines[1])
+    assert theirs, lines[1]
+    assert re.match(r"prompt processing: \d+ tokens, [\d.]+ s; decode steps: \d+, [\d.]+ s", lines[2])
+    ours = re.findall(r"([\d.]+) tok/s", blocks[0])[0]  # with slot moves: the runner as it is
+    ratio = re.match(r"dctms / mlx-lm BatchGenerator: ([\d.]+) \(tok/s, one run\)", lines[3])
+    assert ratio and float(ratio[1]) == pytest.approx(float(ours) / float(theirs[1]), abs=2e-3)
 
 
 @pytest.mark.slow
@@ -76,7 +90,8 @@ def test_bench_runs_both_servers_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "serve_vs_mlx_lm.py"), "--model", str(beta.folder),
          "-N", "256", "-M", "8", "--batch", "2", "--levels", "1,2", "--requests", "4",
-         "--max-tokens", "4", "--under-limit", "--json", str(out)],
+         "--max-tokens", "4", "--under-limit", "--prefix-blocks", "16", "--prefill-chunk", "16",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -93,6 +108,11 @@ def test_bench_runs_both_servers_end_to_end(tmp_path: Path) -> None:
         # (a tiny request may start and end between two polls: no lower bound on the busy slots)
         assert lv["slots"] == 2 and lv["max_slots_busy"] <= 2 and lv["plan_m_max"] > 0
     assert "| 2 |" in proc.stdout  # the table's row for 2 clients
+    # the plan kept a prefix pool (16 blocks hold the four prompts' whole chunks): dctms says what
+    # it reused; the second level repeats the first one's prompts
+    assert data["info"]["prefix_blocks"] == 16 and data["info"]["prefill_chunk"] == 16
+    cached = [lv["cached_tokens"] for lv in data["runs"]["dctms"]["levels"]]
+    assert None not in cached and cached[1] > 0, cached
     limited = data["under_limit"]["dctms"]
     if "skipped" not in limited:
         assert limited["oom_kills"] == 0 and limited["exit"] == 0
