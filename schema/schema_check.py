@@ -82,7 +82,7 @@ def _describe_tagged(
     tag = error.instance.get(field)
     if field not in error.instance:
         return [(parts + [field], "missing required field")]
-    if tag not in mapping:
+    if not isinstance(tag, str) or tag not in mapping:  # (a list or an object is no tag at all)
         return [(parts + [field], _message("enum", list(mapping), tag, error))]
     branch = next(i for i, s in enumerate(error.validator_value) if s.get("$ref") == mapping[tag])
     chosen = [sub for sub in error.context or () if sub.relative_schema_path[0] == branch]

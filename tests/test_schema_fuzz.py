@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from dctms.schema.errors import PlanError
 from dctms.schema.io import decode_plan, encode_plan
 from dctms.schema.schema_check import schema_problems
-from dctms.schema.types import Plan
+from dctms.schema.types import SCHEMA_VERSION, Plan
 from dctms.schema.verify import verify_plan
 
 CASES = {
@@ -207,7 +207,9 @@ def test_json_schema_and_msgspec_agree(tiny_plan_bytes: bytes, data: st.DataObje
     """
     RAN["agreement"] += 1
     document, mutated = mutated_bytes(tiny_plan_bytes, data)
-    if not isinstance(document, dict) or document.get("schema_version") != 1:
+    # Only documents of this schema version (a bool is not one, though True == 1 in Python).
+    version = document.get("schema_version") if isinstance(document, dict) else None
+    if type(version) is not int or version != SCHEMA_VERSION:
         return
     schema_ok = not schema_problems(document)
     try:
@@ -219,6 +221,19 @@ def test_json_schema_and_msgspec_agree(tiny_plan_bytes: bytes, data: st.DataObje
         assert why.startswith("Expected `int`, got `float`"), why
     else:
         assert schema_ok == msgspec_ok, why or schema_problems(document)
+
+
+@pytest.mark.parametrize("tag", [[], {}, 3, None, "view"])
+def test_a_tensor_kind_that_is_no_tag_is_named(tiny_plan_bytes: bytes, tag: Any) -> None:
+    """The tensor union's tag as a list or an object (unhashable) is reported like any other bad
+    tag, by field, by the schema and by ``decode_plan`` (found by the agreement fuzz)."""
+    document = json.loads(tiny_plan_bytes)
+    document["phases"][0]["tensors"][1]["kind"] = tag
+    problems = schema_problems(document)
+    assert [p.path for p in problems] == ["$.phases[0].tensors[1].kind"], problems
+    assert problems[0].message.startswith("must be one of"), problems
+    with pytest.raises(PlanError, match=r"tensors\[1\]\.kind: must be one of"):
+        decode_plan(json.dumps(document).encode())
 
 
 # ------------------------------------------------------------------------------------- byte mutations
