@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from batched_plan import compile_batched  # noqa: E402
 from serve_vs_mlx_lm import server_env, tree_rss  # noqa: E402
 
 from dctms.benchmark.serve_clients import free_port, stop_server, wait_ready  # noqa: E402
@@ -46,14 +47,6 @@ def dctms_status(url: str) -> dict:
 def conversation_turns(k: int, turns: int) -> list[str]:
     return [f"In two sentences, tell me about {TOPICS[k % len(TOPICS)]}.",
             *FOLLOW_UPS[: turns - 1]]  # fmt: skip
-
-
-def compile_plan(model: str, out: Path, n: int, m: int, blocks: int, chunk: int) -> None:
-    argv = [sys.executable, "-m", "dctms.cli.main", "compile", model, "-N", str(n), "-M", str(m),
-            "--batch", "2", "--prefill-chunk", str(chunk), "-o", str(out), "-q"]  # fmt: skip
-    if blocks:
-        argv += ["--prefix-blocks", str(blocks)]
-    subprocess.run(argv, check=True)
 
 
 def run_system(name: str, argv: list[str], model: str, args) -> dict:
@@ -132,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         wanted = args.systems.split(",")
         for name, blocks in (("dctms-pool", args.blocks), ("dctms", 0)):
             if name in wanted:
-                compile_plan(args.model, plans[name], args.N, args.max_tokens, blocks, args.chunk)
+                pool = ["--prefix-blocks", str(blocks)] if blocks else []
+                compile_batched(Path(args.model), args.N, args.max_tokens, 2, plans[name],
+                                "--prefill-chunk", str(args.chunk), *pool)  # fmt: skip
         for name in wanted:
             if name.startswith("dctms"):
                 argv_ = [sys.executable, "-m", "dctms.cli.main", "serve", "--plan",

@@ -137,6 +137,7 @@ def level_figures(answers: Sequence[Answer], wall_s: float) -> dict:
     tokens = sum(a.completion_tokens for a in ok)
     ttfts = [a.ttft_s for a in ok if a.ttft_s is not None]
     lats = [a.latency_s for a in ok]
+    said = [a.cached_tokens for a in ok if a.cached_tokens is not None]
     return {
         "requests": len(answers), "answered": len(ok), "completion_tokens": tokens,
         "wall_s": wall_s, "tok_per_s": tokens / wall_s if wall_s > 0 else 0.0,
@@ -144,8 +145,7 @@ def level_figures(answers: Sequence[Answer], wall_s: float) -> dict:
         "latency_p50_s": percentile(lats, 50), "latency_p95_s": percentile(lats, 95),
         "errors": sorted({a.error for a in answers if a.error})[:3],
         # prompt tokens the server says it reused from a cache (None: it never said)
-        "cached_tokens": (sum(a.cached_tokens for a in ok if a.cached_tokens is not None)
-                          if any(a.cached_tokens is not None for a in ok) else None),
+        "cached_tokens": sum(said) if said else None,
     }  # fmt: skip
 
 

@@ -124,11 +124,12 @@ def graph_facts(phase: TracedPhase, sched: Schedule, rules: MemoryRules = CPU_RU
         p = end + 1
     dtype = {t: x.dtype for t, x in phase.tensors.items()}
     ops = [phase.ops[i] for i in sched.order]
+    held = _held(phase, sched)
     return GraphFacts(
         slot_of,
         segment_end,
-        frozenset(_sole_reads(phase, sched) if rules.donation else ()),
-        frozenset(_held(phase, sched)),
+        frozenset(_sole_reads(phase, held) if rules.donation else ()),
+        frozenset(held),
         [[dtype[t] for t in op.inputs] for op in ops],
         [[dtype[t] for t in op.outputs] for op in ops],
     )
@@ -296,9 +297,9 @@ def _read(lives: dict[str, Life], t: str, pos: int, root_of) -> None:
         lives[root].end = max(lives[root].end, pos)
 
 
-def _sole_reads(phase: TracedPhase, sched: Schedule) -> set[str]:
-    """Tensors made by a one-output op, read exactly once in the phase, neither phase outputs nor
-    passed to ``mx.eval``: once their reader runs, nothing else can hold them."""
+def _sole_reads(phase: TracedPhase, held: set[str]) -> set[str]:
+    """Tensors made by a one-output op, read exactly once in the phase, not ``held`` (phase
+    outputs, what ``mx.eval`` is passed): once their reader runs, nothing else can hold them."""
     reads: dict[str, int] = {}
     single: set[str] = set()
     for op in phase.ops:
@@ -306,7 +307,6 @@ def _sole_reads(phase: TracedPhase, sched: Schedule) -> set[str]:
             reads[t] = reads.get(t, 0) + 1
         if len(op.outputs) == 1:
             single.add(op.outputs[0])
-    held = _held(phase, sched)
     return {t for t in single if reads.get(t) == 1 and t not in held}
 
 
