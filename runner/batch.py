@@ -5,7 +5,9 @@ static KV state. ``BatchSession`` keeps a queue of requests and a slot table and
 *iterations*; each is, in order:
 
 1. admit: a waiting request takes the lowest free slot (the decode step then covers the fewest
-   rows); with no request waiting, a sequence in a slot above a free one moves down into it
+   rows), with the chunks of its prompt the prefix pool holds loaded into it (a prompt the pool
+   holds whole, ``runner.prefix_cache``, also gets its first token there and prefills nothing);
+   with no request waiting, a sequence in a slot above a free one moves down into it
    (``move_slot``, ``toolkit.slot_move``: its KV row copied bit for bit), so that the steps after
    compute only the busy rows;
 2. prefill: one ``prefill_chunk`` of one joining sequence into its slot (a joining prompt is
@@ -78,6 +80,7 @@ class BatchStats:
     rows_busy: int = 0  # of those, rows that generated a token
     single_steps: int = 0  # decode steps of slot 0 alone (the one-row phase)
     moves: int = 0  # sequences moved to a lower free slot (the steps after compute fewer rows)
+    whole_prompt_hits: int = 0  # prompts the pool held whole: no prefill call, the token kept
     peak_observed: int = 0  # the largest observed MLX peak after any call
 
 
@@ -137,9 +140,8 @@ class BatchSession(Session):
     def iterate(self) -> list[Sequence]:
         """One iteration (admit, one prefill chunk, one decode step); the sequences that ended."""
         self.stats.iterations += 1
-        self._admit()
+        ended = self._admit()
         self._compact()
-        ended: list[Sequence] = []
         joining = next(
             (s for s in self.slots if s is not None and s.prefilled < len(s.request.prompt)), None
         )
@@ -160,7 +162,10 @@ class BatchSession(Session):
         while not self.idle:
             self.iterate()
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[Sequence]:
+        """Waiting requests into free slots, each with what the pool holds of its prompt; the
+        sequences that ended at once (a whole cached prompt whose first token ends it)."""
+        ended = []
         for i, held in enumerate(self.slots):
             if held is not None and held.done:  # cancelled between iterations
                 self.slots[i] = None
@@ -170,11 +175,19 @@ class BatchSession(Session):
                 continue
             seq.slot = self.slots.index(None)
             self.slots[seq.slot] = seq
-            if self.prefix is not None:
-                for position, block in self.prefix.lookup(seq.request.prompt):
-                    self._copy_block(self.load_block, seq.slot, position, block)
-                    seq.prefilled = seq.cached = position + self.chunk
-                seq.generation.cached_tokens = seq.cached
+            if self.prefix is None:
+                continue
+            hit = self.prefix.lookup(seq.request.prompt)
+            for position, block in hit.blocks:
+                self._copy_block(self.load_block, seq.slot, position, block)
+            seq.prefilled = seq.cached = seq.generation.cached_tokens = hit.tokens
+            if hit.first_token is not None:  # the whole prompt: no prefill call at all
+                self.stats.whole_prompt_hits += 1
+                self._first_token(seq, hit.first_token)
+                if seq.done:  # its first token ended it: the slot is free for the next one
+                    self.slots[seq.slot] = None
+                    ended.append(seq)
+        return ended
 
     def _compact(self) -> None:
         """Move the sequence in the highest busy slot to the lowest free one while that one is
@@ -220,14 +233,18 @@ class BatchSession(Session):
         if seq.prefilled < len(prompt):
             return
         token = int(out["next_token"].item())
+        self._first_token(seq, token)  # it goes out before the pool's copies are made
+        if self.prefix is not None:  # keep the prompt's chunks, and the prompt, for later requests
+            for position, block in self.prefix.to_save(prompt, token):
+                self._copy_block(self.save_block, seq.slot, position, block)
+
+    def _first_token(self, seq: Sequence, token: int) -> None:
+        """``seq``'s prompt is all in its slot: its first token goes out, its decoding starts."""
         now = time.perf_counter()
         seq.generation.ttft_s = now - seq.submitted
         seq.stepped = now
-        seq.position = len(prompt)
-        self._emit(seq, token)  # the first token goes out before the pool's copies are made
-        if self.prefix is not None:  # keep the prompt's whole chunks for later requests
-            for position, block in self.prefix.to_save(prompt):
-                self._copy_block(self.save_block, seq.slot, position, block)
+        seq.position = len(seq.request.prompt)
+        self._emit(seq, token)
 
     def _decode_step(self, decoding: list[Sequence]) -> list[Sequence]:
         need_rows = max(s.slot for s in decoding) + 1

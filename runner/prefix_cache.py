@@ -4,9 +4,18 @@ prefix, and which block to reuse next.
 A block holds one prefill chunk of a prompt at a chunk-aligned position; it is found by the whole
 prefix that ends with it (the exact tokens, not a hash, so two prefixes never collide). A prompt's
 cached prefix is the longest run of its leading chunks that are all in the pool, leaving at least
-one token to prefill (the first generated token comes from the last prefill call). The pool never
-grows: when no block is free the least recently used one is evicted (a lookup or a save makes a
-block recent).
+one token to prefill (the first generated token comes from the last prefill call).
+
+A *whole prompt* is kept too: its last chunk (a part of one when the prompt does not end on a chunk
+boundary) with the first token its prefill chose. The same prompt again (a retry, a repeated
+question, an evaluation run) then loads every block, takes that token and prefills nothing: exact,
+because the blocks are what the same prefill calls wrote and the token is their greedy choice (a
+slotted plan decodes greedily only). A part block serves that exact prompt alone, so it only takes
+a free block or another part block's place, and a chunk that any longer prompt can reuse evicts the
+part blocks first.
+
+The pool never grows: when no block is free the least recently used one is evicted (a lookup or a
+save makes a block recent).
 
 ``start_recording()`` keeps a ``PoolEvent`` per request (the blocks it hit, saved and evicted, the
 block table after it) for the run report the inspector draws (``dctms show --run``); a server's
@@ -29,10 +38,21 @@ class PoolStats:
 
 
 @dataclass
+class Hit:
+    """What a lookup found: (position, block) of every cached chunk, in prompt order, the prompt
+    tokens they hold, and, when the whole prompt is cached, the first token its prefill chose."""
+
+    blocks: list[tuple[int, int]]
+    tokens: int = 0
+    first_token: int | None = None
+
+
+@dataclass
 class PoolEvent:
     """One request's pass through the pool: plain ints, cheap to keep and to write as JSON."""
 
     prompt_tokens: int
+    cached_tokens: int = 0
     hits: list[int] = field(default_factory=list)  # blocks loaded into the slot, in prompt order
     saved: list[int] = field(default_factory=list)  # blocks written with the prompt's chunks
     evicted: list[tuple[int, int]] = field(default_factory=list)  # (block, tokens it ended)
@@ -43,7 +63,7 @@ class PoolEvent:
     def as_json(self, block_tokens: int) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": len(self.hits) * block_tokens,
+            "cached_tokens": self.cached_tokens,
             "hits": list(self.hits),
             "saved": list(self.saved),
             "evicted": [{"block": b, "tokens": t} for b, t in self.evicted],
@@ -56,6 +76,7 @@ class PrefixIndex:
         self.blocks, self.block_tokens = blocks, block_tokens
         self._free = list(range(blocks))
         self._by_prefix: OrderedDict[tuple[int, ...], int] = OrderedDict()  # oldest first
+        self._first: dict[tuple[int, ...], int] = {}  # whole prompts -> their first token
         self.stats = PoolStats()
         self.events: list[PoolEvent] | None = None  # per request, once start_recording() is called
         # looked up, not saved yet, with their prompts (in admission order)
@@ -69,57 +90,84 @@ class PrefixIndex:
     def used(self) -> int:
         return len(self._by_prefix)
 
-    def lookup(self, prompt: tuple[int, ...]) -> list[tuple[int, int]]:
-        """(position, block) of every leading chunk of ``prompt`` in the pool, in order; each
-        found block becomes the most recently used."""
+    def lookup(self, prompt: tuple[int, ...]) -> Hit:
+        """The cached chunks of ``prompt``: its leading whole chunks in the pool, leaving one token
+        to prefill, or every chunk and the first token when the whole prompt is kept. Each found
+        block becomes the most recently used."""
         t = self.block_tokens
+        ends = list(range(t, len(prompt), t))  # end < len(prompt): one token is left to prefill
+        first = self._first.get(prompt)
+        if first is not None:
+            ends.append(len(prompt))  # kept whole: its last chunk too, and nothing to prefill
         found = []
         self.stats.lookups += 1
-        for end in range(t, len(prompt), t):  # end < len(prompt): one token is left to prefill
+        for end in ends:
             block = self._by_prefix.get(prompt[:end])
             if block is None:
                 break
             self._by_prefix.move_to_end(prompt[:end])
-            found.append((end - t, block))
+            found.append(((end - 1) // t * t, block))  # a chunk starts on a multiple of t
+        whole = first is not None and len(found) == len(ends)
+        hit = Hit(found, len(prompt) if whole else len(found) * t, first if whole else None)
         self.stats.hit_blocks += len(found)
-        self.stats.hit_tokens += len(found) * t
+        self.stats.hit_tokens += hit.tokens
         if self.events is not None:
-            event = PoolEvent(len(prompt), hits=[block for _, block in found])
+            event = PoolEvent(len(prompt), hit.tokens, hits=[block for _, block in found])
             self.events.append(event)
             self._open.append((prompt, event))
-        return found
+        return hit
 
-    def to_save(self, prompt: tuple[int, ...]) -> list[tuple[int, int]]:
+    def to_save(
+        self, prompt: tuple[int, ...], first_token: int | None = None
+    ) -> list[tuple[int, int]]:
         """(position, block) for every whole chunk of ``prompt`` not in the pool yet, in order, each
-        given a block (a free one, else the least recently used one's); chunks already there become
-        recent. A chunk is found only behind all the chunks before it, so the prompt's own chunks
-        are never evicted for its later ones: when only they are left, the rest is not saved."""
+        given a block (a free one, else the least recently used one's, a part block's first);
+        chunks already there become recent. A chunk is found only behind all the chunks before it,
+        so the prompt's own chunks are never evicted for its later ones: when only they are left,
+        the rest is not saved. With ``first_token`` (the token its prefill chose) the whole prompt
+        is kept: a part chunk at its end is saved too, in a free block or a part block's place."""
         t = self.block_tokens
         out = []
         event = self._event_for(prompt)
-        chain = {prompt[:end] for end in range(t, len(prompt) + 1, t)}
-        for end in range(t, len(prompt) + 1, t):
+        ends = list(range(t, len(prompt) + 1, t))
+        if first_token is not None and len(prompt) % t:
+            ends.append(len(prompt))  # the part chunk the prompt ends with
+        chain = {prompt[:end] for end in ends}
+        for end in ends:
             key = prompt[:end]
             if key in self._by_prefix:
                 self._by_prefix.move_to_end(key)
                 continue
-            if self._free:
-                block = self._free.pop(0)
-            else:
-                old = next((k for k in self._by_prefix if k not in chain), None)
-                if old is None:
-                    break  # the pool holds this prompt's first chunks only (or has no block)
-                block = self._by_prefix.pop(old)
-                self.stats.evictions += 1
-                if event is not None:
-                    event.evicted.append((block, len(old)))
+            block = self._take(chain, part=end % t != 0, event=event)
+            if block is None:
+                break  # the pool holds this prompt's first chunks only (or has no block)
             self._by_prefix[key] = block
-            out.append((end - t, block))
+            out.append(((end - 1) // t * t, block))
+        if first_token is not None and all(prompt[:end] in self._by_prefix for end in ends):
+            self._first[prompt] = first_token
         self.stats.saved_blocks += len(out)
         if event is not None:
             event.saved = [block for _, block in out]
             event.table = self.table()
         return out
+
+    def _take(self, chain: set, part: bool, event: PoolEvent | None) -> int | None:
+        """A block for a new chunk: a free one, else the least recently used part block outside
+        ``chain`` (the saving prompt's own chunks), else, for a whole chunk only, the least
+        recently used block outside it; None when there is none."""
+        if self._free:
+            return self._free.pop(0)
+        outside = [k for k in self._by_prefix if k not in chain]
+        parts = [k for k in outside if len(k) % self.block_tokens]
+        old = parts[0] if parts else (outside[0] if outside and not part else None)
+        if old is None:
+            return None
+        block = self._by_prefix.pop(old)
+        self._first.pop(old, None)
+        self.stats.evictions += 1
+        if event is not None:
+            event.evicted.append((block, len(old)))
+        return block
 
     def _event_for(self, prompt: tuple[int, ...]) -> PoolEvent | None:
         """The recorded lookup of ``prompt`` this save closes (the oldest open one: requests in a

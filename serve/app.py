@@ -443,14 +443,31 @@ MODEL_GAUGES = [  # (metric, the per_model field, help)
 ]
 
 
+POOL_GAUGES = [  # (metric, the prefix_pool field, help): models whose plan has a prefix pool
+    ("dctms_prefix_pool_blocks", "blocks", "blocks of the plan's prompt-prefix pool (never more)"),
+    ("dctms_prefix_pool_blocks_used", "used", "pool blocks holding a cached prompt chunk"),
+    ("dctms_prefix_pool_lookups_total", "lookups", "requests looked up in the pool"),
+    ("dctms_prefix_pool_hit_blocks_total", "hit_blocks", "blocks loaded into a slot, not prefilled"),
+    ("dctms_prefix_pool_hit_tokens_total", "hit_tokens", "prompt tokens taken from the pool"),
+    ("dctms_prefix_pool_whole_prompt_hits_total", "whole_prompt_hits",
+     "prompts the pool held whole: answered without a prefill call"),
+    ("dctms_prefix_pool_saved_blocks_total", "saved_blocks", "blocks written with a prompt's chunks"),
+    ("dctms_prefix_pool_evictions_total", "evictions",
+     "blocks taken from the least recently used prefix for a new one (the pool never grows)"),
+]
+
+
 def model_gauges(per_model: dict[str, dict]) -> list[str]:
-    """One labelled series per served model (``model="NAME"``) for each of ``MODEL_GAUGES``."""
+    """One labelled series per served model (``model="NAME"``) for each of ``MODEL_GAUGES``, and
+    for each of ``POOL_GAUGES`` of the models with a prefix pool."""
     lines = []
-    for name, field, help_text in MODEL_GAUGES:
-        kind = "counter" if name.endswith("_total") else "gauge"
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-        for model, figures in sorted(per_model.items()):
-            if figures.get(field) is not None:
-                label = model.replace("\\", "\\\\").replace('"', '\\"')
-                lines.append(f'{name}{{model="{label}"}} {figures[field]}')
+    pools = {m: f["prefix_pool"] for m, f in per_model.items() if f.get("prefix_pool")}
+    for gauges, figures_of in ((MODEL_GAUGES, per_model), (POOL_GAUGES, pools)):
+        for name, field, help_text in gauges:
+            kind = "counter" if name.endswith("_total") else "gauge"
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            for model, figures in sorted(figures_of.items()):
+                if figures.get(field) is not None:
+                    label = model.replace("\\", "\\\\").replace('"', '\\"')
+                    lines.append(f'{name}{{model="{label}"}} {figures[field]}')
     return lines

@@ -95,11 +95,21 @@ class ModelLoad:
     busy_s: float = 0.0  # seconds in which at least one of its requests was running
     peak_observed: int = 0  # a batched model's largest observed MLX peak above what others hold
     slot_moves: int = 0  # a batched model's sequences moved down to a free slot (runner.batch)
+    pool: dict | None = None  # a plan with a prefix pool: its size and counters (PrefixIndex)
 
     @property
     def tokens_per_s(self) -> float:
         """Aggregate tokens per second while busy (all slots together)."""
         return self.tokens / self.busy_s if self.busy_s > 0 else 0.0
+
+
+def pool_figures(session: BatchSession) -> dict:
+    """A prefix pool's size, blocks in use and counters (``runner.prefix_cache.PoolStats``)."""
+    index = session.prefix
+    return {
+        "blocks": index.blocks, "block_tokens": index.block_tokens, "used": index.used,
+        **vars(index.stats), "whole_prompt_hits": session.stats.whole_prompt_hits,
+    }  # fmt: skip
 
 
 _STOP = object()
@@ -206,6 +216,7 @@ class Worker:
                     "tokens_per_s": round(load.tokens_per_s, 3),
                     "observed_mlx_peak_bytes": load.peak_observed if load.slotted else None,
                     "slot_moves": load.slot_moves if load.slotted else None,
+                    "prefix_pool": dict(load.pool) if load.pool is not None else None,
                     "envelope_provable_bytes": env.provable,
                     "m_max_bytes": env.total,
                 }
@@ -241,6 +252,8 @@ class Worker:
             stop = frozenset(tokenizer.eos_ids)
             self.models[spec.name] = ServedModel(spec.name, plan, tokenizer, stop)
             self.load[spec.name] = ModelLoad(plan.bounds.batch, batched)
+            if batched and session.prefix is not None:
+                self.load[spec.name].pool = pool_figures(session)
             if batched:
                 self._slots[spec.name] = {}
         if not self._sessions:
@@ -388,6 +401,8 @@ class Worker:
             load.busy_s += time.perf_counter() - start
             load.peak_observed = max(load.peak_observed, session.stats.peak_observed)
             load.slot_moves = session.stats.moves
+            if session.prefix is not None:
+                load.pool = pool_figures(session)
         return None
 
     def _end_everything(self) -> None:

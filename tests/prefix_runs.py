@@ -18,7 +18,8 @@ CHUNK = 16
 
 
 def fixed_prompts() -> list[list[int]]:
-    """A; A and more (hits A's chunk, saves its second); B (evicts A's first chunk); A and more
+    """A (its chunk, and its part chunk: A is kept whole); A and more (hits A's chunk, saves its
+    second in the part chunk's block); B (evicts A's first chunk); A and more
     again (A's first chunk is gone, so nothing hits; saving it evicts B's chunk, never A's second,
     which it keeps behind its first)."""
     rng = random.Random(31)

@@ -173,6 +173,18 @@ class Reply:
         return [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
 
 
+def metric_series(url: str) -> dict[str, float]:
+    """The server's /metrics as {series with its labels: value}."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {
+        key: float(value)
+        for key, value in (line.rsplit(" ", 1) for line in text.splitlines() if line[:1] != "#")
+    }
+
+
 def http_request(
     method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
     host: str = "127.0.0.1",

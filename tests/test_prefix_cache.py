@@ -28,9 +28,11 @@ def test_a_lookup_leaves_one_token_to_prefill() -> None:
     index = PrefixIndex(blocks=8, block_tokens=4)
     prompt = tuple(range(12))
     assert index.to_save(prompt) == [(0, 0), (4, 1), (8, 2)]
-    assert index.lookup(prompt) == [(0, 0), (4, 1)]  # the third would leave nothing to prefill
-    assert index.lookup(prompt + (99,)) == [(0, 0), (4, 1), (8, 2)]
-    assert index.lookup((0, 1, 2, 7, 4, 5, 6, 7, 8)) == []  # the first chunk differs
+    hit = index.lookup(prompt)
+    assert (hit.blocks, hit.tokens) == ([(0, 0), (4, 1)], 8)  # the third leaves nothing to prefill
+    assert hit.first_token is None  # saved without its first token: not kept whole
+    assert index.lookup(prompt + (99,)).blocks == [(0, 0), (4, 1), (8, 2)]
+    assert index.lookup((0, 1, 2, 7, 4, 5, 6, 7, 8)).blocks == []  # the first chunk differs
     assert index.stats.hit_tokens == 20
 
 
@@ -41,7 +43,43 @@ def test_the_pool_evicts_its_least_recently_used_block() -> None:
     index.lookup(a)  # a is now more recent than b
     assert index.to_save(c) == [(0, 1)]  # b's block
     assert index.stats.evictions == 1 and index.used == 2
-    assert index.lookup(b) == [] and index.lookup(a) == [(0, 0)]
+    assert index.lookup(b).blocks == [] and index.lookup(a).blocks == [(0, 0)]
+
+
+def test_a_whole_prompt_is_found_with_its_first_token() -> None:
+    index = PrefixIndex(blocks=8, block_tokens=4)
+    prompt = tuple(range(10))  # two whole chunks and a part chunk of 2 tokens
+    assert index.to_save(prompt, first_token=77) == [(0, 0), (4, 1), (8, 2)]
+    hit = index.lookup(prompt)
+    assert (hit.blocks, hit.tokens, hit.first_token) == ([(0, 0), (4, 1), (8, 2)], 10, 77)
+    longer = index.lookup(prompt + (5, 5))  # a part block is no prefix of a longer prompt
+    assert (longer.blocks, longer.tokens, longer.first_token) == ([(0, 0), (4, 1)], 8, None)
+    shorter = index.lookup(prompt[:9])
+    assert (shorter.blocks, shorter.first_token) == ([(0, 0), (4, 1)], None)
+    on_a_boundary = tuple(range(100, 108))  # no part chunk: its last whole chunk is kept whole
+    assert index.to_save(on_a_boundary, first_token=5) == [(0, 3), (4, 4)]
+    hit = index.lookup(on_a_boundary)
+    assert (hit.blocks, hit.tokens, hit.first_token) == ([(0, 3), (4, 4)], 8, 5)
+    assert index.stats.hit_tokens == 10 + 8 + 8 + 8
+
+
+def test_a_part_block_never_evicts_a_whole_chunk_and_goes_first() -> None:
+    index = PrefixIndex(blocks=3, block_tokens=2)
+    a, b = (1, 1, 9), (2, 2, 3, 3, 8)
+    assert index.to_save(a, first_token=4) == [(0, 0), (2, 1)]  # its chunk and its part chunk
+    assert index.lookup(a).first_token == 4
+    # b's two whole chunks: the free block, then a's part block (not a's older whole chunk); b's
+    # own part chunk finds no part block outside its own prompt to take, so b is not kept whole
+    assert index.to_save(b, first_token=6) == [(0, 2), (2, 1)]
+    assert index.lookup(b).first_token is None and index.lookup(a).first_token is None
+    assert index.lookup((1, 1, 7)).blocks == [(0, 0)]  # a's whole chunk stayed
+    assert index.table() == [2, 4, 2] and index.stats.evictions == 1
+    # evicting the block a whole prompt's first chunk sits in forgets the prompt
+    index = PrefixIndex(blocks=2, block_tokens=2)
+    index.to_save((5, 5), first_token=1)
+    index.to_save((6, 6), first_token=2)
+    index.to_save((7, 7), first_token=3)  # evicts (5, 5), the least recently used
+    assert index.lookup((5, 5)).first_token is None and index.lookup((7, 7)).first_token == 3
 
 
 # ------------------------------------------------------------------------------- the runner
@@ -101,7 +139,9 @@ def test_a_small_pool_evicts_and_the_ids_stay_exact(tiny) -> None:
     rng = random.Random(4)
     stems = [[rng.randrange(256) for _ in range(20)] for _ in range(3)]  # one chunk each
     # a, a, b, b, c, c, a, a, b: each second one hits, c evicts a, a evicts b
-    prompts = [stems[(i // 2) % 3] + [rng.randrange(256) for _ in range(1 + i % 5)] for i in range(9)]
+    prompts = [
+        stems[(i // 2) % 3] + [rng.randrange(256) for _ in range(1 + i % 5)] for i in range(9)
+    ]
     batch = BatchSession(small, model)
     seqs = []
     for p in prompts:  # one at a time: each finds what the ones before it left
@@ -114,6 +154,53 @@ def test_a_small_pool_evicts_and_the_ids_stay_exact(tiny) -> None:
     alone = Session(plain, model)
     assert [s.generation.tokens for s in seqs] == [
         alone.generate(validate_request(plain, p, 5)).tokens for p in prompts
+    ]
+
+
+def test_a_repeated_prompt_prefills_nothing_and_generates_the_same_ids(tiny) -> None:
+    """A prompt the pool holds whole (its part chunk and its first token) is answered without a
+    prefill call: the same ids as the plan without a pool, whatever the slot held before."""
+    from dctms.runner.batch import BatchSession
+    from dctms.runner.load import load_checked_plan
+    from dctms.runner.request import validate_request
+    from dctms.runner.session import Session
+    from dctms.schema.model_folder import open_model_folder
+
+    model = open_model_folder(tiny["model"])
+    pool, plain = load_checked_plan(tiny["pool"]), load_checked_plan(tiny["plain"])
+    rng = random.Random(9)
+    part, boundary, other = ([rng.randrange(256) for _ in range(n)] for n in (37, 32, 50))
+    # (prompt, max_tokens): each repeat follows another prompt that wrote its slot's positions;
+    # the last one's first token is all it asks for: it ends where it is admitted
+    runs = [
+        (part, 5),
+        (other, 5),
+        (part, 5),
+        (boundary, 4),
+        (other, 3),
+        (boundary, 4),
+        (boundary, 1),
+    ]
+    batch = BatchSession(pool, model)
+    seqs, calls = [], []
+    for prompt, budget in runs:  # one at a time: each finds what the ones before it left
+        before = batch.stats.prefill_calls
+        seqs.append(batch.submit(validate_request(pool, prompt, budget)))
+        batch.run_all()
+        calls.append(batch.stats.prefill_calls - before)
+    # 8 blocks: part's 2 chunks and part chunk, other's 3 and part chunk; boundary's 2 chunks take
+    # the free block and other's part block (the least recently used part block, never a whole
+    # chunk), so other's repeat prefills its last 2 tokens, and keeps its part chunk in the block of
+    # part's (a part block takes only a part block's place)
+    assert calls == [3, 4, 0, 2, 1, 0, 0]
+    assert [s.generation.cached_tokens for s in seqs] == [0, 0, 37, 0, 48, 32, 32]
+    assert batch.stats.whole_prompt_hits == 3 and batch.slots == [None] * len(batch.slots)
+    assert sorted(batch.prefix.table()) == [16, 16, 16, 32, 32, 32, 48, 50]
+    assert batch.stats.peak_observed <= pool.envelope.provable
+    del batch
+    alone = Session(plain, model)
+    assert [s.generation.tokens for s in seqs] == [
+        alone.generate(validate_request(plain, p, budget)).tokens for p, budget in runs
     ]
 
 
@@ -174,8 +261,8 @@ def test_prefix_cache_size_gives_whole_blocks(tiny, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
-        ("[1, 2]", "expected {\"turns\": [TEXT, ...]}"),
-        ('{"turns": []}', "expected {\"turns\": [TEXT, ...]}"),
+        ("[1, 2]", 'expected {"turns": [TEXT, ...]}'),
+        ('{"turns": []}', 'expected {"turns": [TEXT, ...]}'),
         ('{"turns": ["a"], "system": 3}', '"system" must be a string'),
         ("{", "cannot read it as JSON"),
     ],
@@ -204,7 +291,9 @@ def test_the_verifier_refuses_a_pool_without_bounds(tiny, tmp_path) -> None:
         doc["bounds"]["prefix_blocks"] = 0
 
     edited = edit_plan(tiny["pool"], tmp_path / "e.plan", no_blocks)
-    assert_invalid(cli("validate", str(edited)), "copies prefix-pool blocks, but bounds.prefix_blocks is 0")
+    assert_invalid(
+        cli("validate", str(edited)), "copies prefix-pool blocks, but bounds.prefix_blocks is 0"
+    )
 
 
 def test_the_verifier_bounds_the_block_a_copy_addresses(tiny, tmp_path) -> None:
@@ -247,7 +336,7 @@ def test_dctms_serve_reuses_the_pool_across_requests(tiny) -> None:
     """A chat re-sent with one more turn: the server takes the earlier prompt's chunks from the
     pool (usage.prompt_tokens_details.cached_tokens), and answers what the plan without a pool
     answers."""
-    from serve_helpers import ServerProcess
+    from serve_helpers import ServerProcess, metric_series
 
     history = [{"role": "user", "content": "question zero is here, and it is long enough"}]
     answers = {}
@@ -258,10 +347,26 @@ def test_dctms_serve_reuses_the_pool_across_requests(tiny) -> None:
             turn = [*history, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
                     {"role": "user", "content": "and one more question"}]  # fmt: skip
             second = _chat(server.url, turn)
+            again = _chat(server.url, history)  # the first chat once more: kept whole
+            metrics = metric_series(server.url)
         finally:
             server.close()
-        answers[name] = (first, second)
-    (first, second), (plain_first, plain_second) = answers["pool"], answers["plain"]
+        answers[name] = (first, second, again, metrics)
+    (first, second, again, metrics), plain = answers["pool"], answers["plain"]
+    plain_first, plain_second, _, plain_metrics = plain
+    pool = {k: v for k, v in metrics.items() if k.startswith("dctms_prefix_pool_")}
+    assert pool['dctms_prefix_pool_blocks{model="m"}'] == 8
+    assert pool['dctms_prefix_pool_lookups_total{model="m"}'] == 3
+    assert pool['dctms_prefix_pool_whole_prompt_hits_total{model="m"}'] == 1
+    assert pool['dctms_prefix_pool_hit_tokens_total{model="m"}'] == (
+        second["usage"]["prompt_tokens_details"]["cached_tokens"] + again["usage"]["prompt_tokens"]
+    )
+    assert 0 < pool['dctms_prefix_pool_blocks_used{model="m"}'] <= 8
+    assert pool['dctms_prefix_pool_evictions_total{model="m"}'] == 0
+    assert 'dctms_prefix_pool_blocks{model="m"}' not in plain_metrics
+    whole = again["usage"]
+    assert whole["prompt_tokens_details"]["cached_tokens"] == whole["prompt_tokens"]
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 16 and cached % 16 == 0 and cached < second["usage"]["prompt_tokens"]

@@ -98,11 +98,20 @@ def test_the_conversation_report_keeps_the_pool_per_turn(conversation) -> None:
     assert sum(len(e["hits"]) for e in events) == pool["hit_blocks"] > 0
     assert sum(len(e["saved"]) for e in events) == pool["saved_blocks"]
     # one growing conversation in 2 blocks: it keeps its first two chunks (a chunk is found only
-    # behind the ones before it, so the pool never evicts a prompt's own chunks for its later ones)
-    assert sum(len(e["evicted"]) for e in events) == pool["evictions"] == 0
+    # behind the ones before it, so the pool never evicts a prompt's own chunks for its later ones);
+    # turn 1's whole prompt (a part chunk) took the free block, and gave it to turn 2's chunk
+    evicted = [x for e in events for x in e["evicted"]]
+    assert (
+        len(evicted) == pool["evictions"] == 1
+        and evicted[0]["tokens"] == events[0]["prompt_tokens"]
+    )
+    assert events[0]["prompt_tokens"] % CHUNK and sorted(events[0]["table"]) == [
+        CHUNK,
+        events[0]["prompt_tokens"],
+    ]
     assert events[-1]["table"] == pool["table"] and sorted(pool["table"]) == [CHUNK, 2 * CHUNK]
-    for e in events:  # a turn's saves are whole chunks of its prompt, in the pool afterwards
-        assert len(e["saved"]) <= e["prompt_tokens"] // CHUNK
+    for e in events:  # a turn's saves are chunks of its prompt, in the pool afterwards
+        assert len(e["saved"]) <= -(-e["prompt_tokens"] // CHUNK)
         assert all(e["table"][block] is not None for block in e["saved"])
     # the keys the report had before stay
     assert {"turns", "provable_bytes", "observed", "within_envelope"} <= set(data)
@@ -232,9 +241,10 @@ def test_the_pool_screen_draws_the_run(tiny, tmp_path) -> None:
     report.write_text(json.dumps(data))
     events = data["pool_events"]
     assert len(events) == len(fixed_prompts())
-    # the fixed prompts: a hit, then B evicts A's first chunk, then A finds nothing and evicts
+    # the fixed prompts: a hit (whose second chunk takes the block of A[:18] kept whole), then B
+    # evicts A's first chunk, then A finds nothing and evicts
     assert [len(e["hits"]) for e in events] == [0, 1, 0, 0]
-    assert [[x["tokens"] for x in e["evicted"]] for e in events] == [[], [], [16], [16]]
+    assert [[x["tokens"] for x in e["evicted"]] for e in events] == [[], [18], [16], [16]]
     shown = _pool_screen_text(tiny["small"], report)
     assert "2 blocks of 16 positions" in shown and "at the end of fixed.json" in shown
     rows = [line.split() for line in shown.splitlines()]
