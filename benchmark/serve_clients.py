@@ -62,6 +62,7 @@ class Answer:
     text: str
     error: str = ""
     cached_tokens: int | None = None  # prompt tokens the server reused, when it reports them
+    prompt_tokens: int | None = None  # the prompt's tokens, as the server's usage counts them
 
 
 def stream_chat(url: str, model: str, content: str, max_tokens: int, timeout_s: float) -> Answer:
@@ -106,7 +107,10 @@ def stream_messages(
         return Answer(getattr(err, "code", 0), None, time.perf_counter() - start, 0, "", repr(err))
     tokens = (usage or {}).get("completion_tokens", chunks)
     cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-    return Answer(status, ttft, time.perf_counter() - start, tokens, "".join(text), "", cached)
+    prompt = (usage or {}).get("prompt_tokens")
+    return Answer(
+        status, ttft, time.perf_counter() - start, tokens, "".join(text), "", cached, prompt
+    )
 
 
 def run_level(
@@ -138,6 +142,7 @@ def level_figures(answers: Sequence[Answer], wall_s: float) -> dict:
     ttfts = [a.ttft_s for a in ok if a.ttft_s is not None]
     lats = [a.latency_s for a in ok]
     said = [a.cached_tokens for a in ok if a.cached_tokens is not None]
+    prompts = [a.prompt_tokens for a in ok if a.prompt_tokens is not None]
     return {
         "requests": len(answers), "answered": len(ok), "completion_tokens": tokens,
         "wall_s": wall_s, "tok_per_s": tokens / wall_s if wall_s > 0 else 0.0,
@@ -146,7 +151,18 @@ def level_figures(answers: Sequence[Answer], wall_s: float) -> dict:
         "errors": sorted({a.error for a in answers if a.error})[:3],
         # prompt tokens the server says it reused from a cache (None: it never said)
         "cached_tokens": sum(said) if said else None,
+        # the answered requests' prompt tokens (None: the server's usage never said)
+        "prompt_tokens": sum(prompts) if len(prompts) == len(ok) and ok else None,
     }  # fmt: skip
+
+
+def cached_of(level: dict) -> str:
+    """A level's prompt tokens from a cache, "of" all its prompt tokens where the server counted
+    them; "-" where the server never said what it took from a cache."""
+    cached, total = level.get("cached_tokens"), level.get("prompt_tokens")
+    if cached is None:
+        return "-"
+    return f"{cached:,}" if total is None else f"{cached:,} of {total:,}"
 
 
 class PeakPoller:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import build_tiny_models
 
-from dctms.benchmark.serve_clients import Answer, level_figures, percentile
+from dctms.benchmark.serve_clients import Answer, cached_of, level_figures, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,6 +40,12 @@ def test_level_figures_count_only_answered_requests() -> None:
     said = [Answer(200, 0.1, 1.0, 10, "a", "", 24), Answer(200, 0.1, 1.0, 10, "b"),
             Answer(503, None, 0.1, 0, "", "HTTP 503", 99)]  # fmt: skip
     assert level_figures(said, wall_s=1.0)["cached_tokens"] == 24  # answered requests only
+    assert fig["prompt_tokens"] is None and level_figures(said, 1.0)["prompt_tokens"] is None
+    counted = [Answer(200, 0.1, 1.0, 10, "a", "", 24, 30), Answer(200, 0.1, 1.0, 10, "b", "", 0, 7),
+               Answer(503, None, 0.1, 0, "", "HTTP 503", 99, 99)]  # fmt: skip
+    assert level_figures(counted, 1.0)["prompt_tokens"] == 37  # answered requests only
+    assert cached_of({"cached_tokens": 24, "prompt_tokens": 1300}) == "24 of 1,300"
+    assert cached_of({"cached_tokens": 1024}) == "1,024" and cached_of({"cached_tokens": None}) == "-"
 
 
 def test_batch_loop_accounts_for_every_step(tmp_path: Path) -> None:
