@@ -107,6 +107,8 @@ def run_batch_prompts(args: argparse.Namespace, plan, model, target) -> int:
         if tokenizer is not None:
             row["text"] = tokenizer.decode([t for t in gen.tokens if t not in stop])
         row["ttft_s"] = round(gen.ttft_s, 4)
+        if gen.cached_tokens is not None:  # a plan with a prefix pool: prompt tokens not prefilled
+            row["cached_tokens"] = gen.cached_tokens
         results.append(row)
         print(json.dumps(row, ensure_ascii=False))
     report = batch_report(plan, session, results, wall, rss.peak, recorded)
@@ -135,6 +137,7 @@ def batch_report(plan, session, results: list[dict], wall_s: float, rss_peak: in
         "rows_busy": stats.rows_busy,
         "rows_computed": stats.rows_computed,
         "slot_moves": stats.moves,
+        "prefix_pool": session.pool_summary(),
         "provable_bytes": plan.envelope.provable,
         "envelope": {"total": plan.envelope.total},
         "observed": {"mlx_peak_bytes": observed, "rss_peak_bytes": rss_peak},
@@ -142,6 +145,18 @@ def batch_report(plan, session, results: list[dict], wall_s: float, rss_peak: in
         "setup": {"recorded_points": recorded.points, "record_s": round(recorded.seconds, 3)},
         "results": results,
     }
+
+
+def pool_line(pool: dict | None) -> list[str]:
+    """The prefix pool's line of the summary (none without a pool)."""
+    if pool is None:
+        return []
+    return [
+        f"prefix pool: {pool['hit_tokens']} prompt tokens from {pool['hit_blocks']} cached blocks "
+        f"({pool['whole_prompt_hits']} prompts held whole: no prefill call), "
+        f"{pool['saved_blocks']} blocks saved, {pool['evictions']} evicted, "
+        f"{pool['used']} of {pool['blocks']} in use"
+    ]
 
 
 def batch_summary(report: dict) -> str:
@@ -155,6 +170,7 @@ def batch_summary(report: dict) -> str:
             f"({report['tokens_per_s']} tok/s); {report['decode_steps']} decode steps, "
             f"{report['prefill_calls']} prefill calls; rows busy / computed {busy} / {computed} "
             f"({use}); {report['slot_moves']} slot moves",
+            *pool_line(report["prefix_pool"]),
             f"{'':24}{'bytes':>16}{'MiB':>12}",
             f"{'provable peak':24}{report['provable_bytes']:>16,}"
             f"{report['provable_bytes'] / MIB:>12.2f}",

@@ -38,6 +38,7 @@ def read_conversation(path: str) -> tuple[str | None, list[str]]:
 
 
 def run_conversation(args: argparse.Namespace, plan, model, target) -> int:
+    from dctms.cli.batch_run import pool_line
     from dctms.cli.run_summary import EXIT_OVER_ENVELOPE
     from dctms.runner.batch import BatchSession, EnvelopeExceeded
     from dctms.runner.request import RequestRefused, validate_request
@@ -91,16 +92,12 @@ def run_conversation(args: argparse.Namespace, plan, model, target) -> int:
         "provable_bytes": plan.envelope.provable,
         "observed": {"mlx_peak_bytes": observed},
         "within_envelope": within,
-        "prefix_pool": None if pool is None else pool.summary(),
+        "prefix_pool": None if pool is None else session.pool_summary(),
         "pool_events": pool_events,  # per turn: blocks hit, saved, evicted; the table after it
     }  # fmt: skip
     if target is not None:
         target.write(json.dumps(report, indent=2).encode() + b"\n")
-    hits = "no prefix pool" if pool is None else (
-        f"prefix pool: {pool.stats.hit_tokens} prompt tokens from {pool.stats.hit_blocks} cached "
-        f"blocks, {pool.stats.saved_blocks} blocks saved, {pool.stats.evictions} evicted "
-        f"({pool.used} of {pool.blocks} in use)"
-    )  # fmt: skip
+    hits = "no prefix pool" if pool is None else pool_line(session.pool_summary())[0]
     print(
         f"{len(turns)} turns; {hits}; observed MLX peak {observed:,} B, provable "
         f"{plan.envelope.provable:,} B: within envelope: {'yes' if within else 'NO'}",

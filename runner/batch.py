@@ -340,6 +340,16 @@ class BatchSession(Session):
             more += program.prepare(self.weights, self.state, None)
         return Prerecorded(done.points + more, done.seconds + time.perf_counter() - start)
 
+    def pool_summary(self, table: bool = True) -> dict | None:
+        """The prefix pool's size, counters and (with ``table``) block table, with the prompts it
+        held whole; None without a pool."""
+        if self.prefix is None:
+            return None
+        out = {**self.prefix.summary(), "whole_prompt_hits": self.stats.whole_prompt_hits}
+        if not table:
+            del out["table"]
+        return out
+
     def held_bytes(self) -> int:
         extra = [a for p in self._extra_programs() for a in p.constants.values()]
         return super().held_bytes() + sum(a.nbytes for a in extra)

@@ -103,15 +103,6 @@ class ModelLoad:
         return self.tokens / self.busy_s if self.busy_s > 0 else 0.0
 
 
-def pool_figures(session: BatchSession) -> dict:
-    """A prefix pool's size, blocks in use and counters (``runner.prefix_cache.PoolStats``)."""
-    index = session.prefix
-    return {
-        "blocks": index.blocks, "block_tokens": index.block_tokens, "used": index.used,
-        **vars(index.stats), "whole_prompt_hits": session.stats.whole_prompt_hits,
-    }  # fmt: skip
-
-
 _STOP = object()
 SHUTTING_DOWN = "the server is shutting down"
 
@@ -252,8 +243,8 @@ class Worker:
             stop = frozenset(tokenizer.eos_ids)
             self.models[spec.name] = ServedModel(spec.name, plan, tokenizer, stop)
             self.load[spec.name] = ModelLoad(plan.bounds.batch, batched)
-            if batched and session.prefix is not None:
-                self.load[spec.name].pool = pool_figures(session)
+            if batched:
+                self.load[spec.name].pool = session.pool_summary(table=False)
             if batched:
                 self._slots[spec.name] = {}
         if not self._sessions:
@@ -401,8 +392,7 @@ class Worker:
             load.busy_s += time.perf_counter() - start
             load.peak_observed = max(load.peak_observed, session.stats.peak_observed)
             load.slot_moves = session.stats.moves
-            if session.prefix is not None:
-                load.pool = pool_figures(session)
+            load.pool = session.pool_summary(table=False)
         return None
 
     def _end_everything(self) -> None:

@@ -204,6 +204,24 @@ def test_a_repeated_prompt_prefills_nothing_and_generates_the_same_ids(tiny) -> 
     ]
 
 
+def test_batch_prompts_that_repeat_are_answered_from_the_pool(tiny, tmp_path) -> None:
+    rng = random.Random(12)
+    p, q = ([rng.randrange(256) for _ in range(n)] for n in (41, 23))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"tokens": x}) + "\n" for x in (p, q, p)))
+    report = tmp_path / "r.json"
+    result = cli("run", str(tiny["pool"]), "--model", str(tiny["model"]), "--batch-prompts",
+                 str(prompts), "--max-tokens", "4", "--ignore-eos", "--report", str(report))  # fmt: skip
+    rows = _turns(result)
+    assert [r["cached_tokens"] for r in rows] == [0, 0, 41]
+    assert rows[2]["tokens"] == rows[0]["tokens"]
+    data = json.loads(report.read_text())
+    pool = data["prefix_pool"]
+    assert pool["whole_prompt_hits"] == 1 and pool["hit_tokens"] == 41 and pool["blocks"] == 8
+    assert data["prefill_calls"] == 3 + 2  # p in three chunks, q in two, p again in none
+    assert "(1 prompts held whole: no prefill call)" in result.err
+
+
 def test_the_pool_is_counted_in_the_kv_term(tiny) -> None:
     from dctms.schema.io import read_plan
 
