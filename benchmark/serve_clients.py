@@ -26,15 +26,22 @@ def free_port() -> int:
 
 
 def stop_server(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    """Ctrl-C a server process and wait for it; kill it if it does not end in ``timeout_s``."""
+    """Ctrl-C a server process and wait for it; SIGTERM it if it does not end in ``timeout_s``, and
+    kill it if that does not end it either. A process started as a shell's background job runs
+    with SIGINT ignored, and so do the servers it starts (mlx_lm.server then never sees a Ctrl-C):
+    there the first signal is SIGTERM."""
     if proc.poll() is not None:
         return
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    first = signal.SIGTERM if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else signal.SIGINT
+    for sig in dict.fromkeys((first, signal.SIGTERM)):
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    proc.kill()
+    proc.wait()
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:

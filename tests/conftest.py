@@ -69,6 +69,13 @@ def pytest_configure(config: pytest.Config) -> None:
     ``pytest.main`` is left as it is."""
     from dctms.runner.blas import planned_preload, reexec_with_fast_blas
 
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+        # One OpenBLAS thread per process when the workers share the cores: OpenBLAS's threads
+        # spin (sched_yield) while they wait for each other, so two workers each with a thread
+        # per core oversubscribe them. tests/test_real_model.py with tests/test_sampling.py on 2
+        # workers: 53 s with 2 threads, 46 and 47 s with 1 (2026-12-03, the 2-core machine).
+        # Workers and every subprocess inherit it; a value the caller set is kept.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     program = os.path.basename(sys.argv[0]) if sys.argv else ""
     if program not in ("pytest", "py.test", "__main__.py") or planned_preload() is None:
         return
@@ -310,3 +317,4 @@ def cli_compile(shared_cache):
         return proc, folder / "compiled.plan", int(peak.read_text()) if peak.exists() else 0
 
     return compiled
+

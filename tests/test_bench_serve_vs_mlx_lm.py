@@ -48,6 +48,32 @@ def test_level_figures_count_only_answered_requests() -> None:
     assert cached_of({"cached_tokens": 1024}) == "1,024" and cached_of({"cached_tokens": None}) == "-"
 
 
+def _ignoring_sigint() -> subprocess.Popen:
+    """A process that ignores Ctrl-C, as mlx_lm.server does when started from a background job."""
+    code = "import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "1\n"  # its handler is in place
+    return proc
+
+
+def test_a_server_that_ignores_ctrl_c_is_stopped(monkeypatch) -> None:
+    import signal
+
+    from dctms.benchmark.serve_clients import stop_server
+
+    proc = _ignoring_sigint()
+    stop_server(proc, timeout_s=0.5)  # Ctrl-C, ignored; then SIGTERM
+    assert proc.returncode == -signal.SIGTERM
+    # started from a background job (SIGINT ignored here too): SIGTERM at once
+    monkeypatch.setattr(signal, "getsignal", lambda sig: signal.SIG_IGN)
+    proc = _ignoring_sigint()
+    sent = []
+    send = proc.send_signal
+    monkeypatch.setattr(proc, "send_signal", lambda sig: sent.append(sig) or send(sig))
+    stop_server(proc, timeout_s=30)
+    assert sent == [signal.SIGTERM] and proc.returncode == -signal.SIGTERM
+
+
 def test_batch_loop_accounts_for_every_step(tmp_path: Path) -> None:
     # bench/batch_loop.py: the serving load in process; its time is prefill + decode + the rest,
     # and the decode steps by busy rows add up to the session's own count.
