@@ -345,10 +345,7 @@ class BatchSession(Session):
         held whole; None without a pool."""
         if self.prefix is None:
             return None
-        out = {**self.prefix.summary(), "whole_prompt_hits": self.stats.whole_prompt_hits}
-        if not table:
-            del out["table"]
-        return out
+        return {**self.prefix.summary(table), "whole_prompt_hits": self.stats.whole_prompt_hits}
 
     def held_bytes(self) -> int:
         extra = [a for p in self._extra_programs() for a in p.constants.values()]

@@ -185,12 +185,12 @@ class PrefixIndex:
         """Block -> the length in tokens of the prefix it ends (for the inspector)."""
         return {block: len(prefix) for prefix, block in self._by_prefix.items()}
 
-    def summary(self) -> dict:
-        """The run report's ``prefix_pool``: the pool's size, its counters and the block table."""
-        return {
-            "blocks": self.blocks, "block_tokens": self.block_tokens, "used": self.used,
-            **vars(self.stats), "table": self.table(),
-        }  # fmt: skip
+    def summary(self, table: bool = True) -> dict:
+        """The run report's ``prefix_pool``: the pool's size, its counters and (with ``table``)
+        the block table."""
+        out = {"blocks": self.blocks, "block_tokens": self.block_tokens, "used": self.used,
+               **vars(self.stats)}  # fmt: skip
+        return {**out, "table": self.table()} if table else out
 
     def table(self) -> list[int | None]:
         """The block table: per block, the tokens of the prefix it ends, or None when free."""

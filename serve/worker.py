@@ -245,7 +245,6 @@ class Worker:
             self.load[spec.name] = ModelLoad(plan.bounds.batch, batched)
             if batched:
                 self.load[spec.name].pool = session.pool_summary(table=False)
-            if batched:
                 self._slots[spec.name] = {}
         if not self._sessions:
             raise DctmsError("no --plan given: nothing to serve")
