@@ -290,9 +290,10 @@ CASES: dict[str, tuple[str, Callable, tuple]] = {
     "slice_int": ("Slice", lambda x: x[:, 1], (X,)),
     # a batched plan's slot move (toolkit.slot_move): the next row's start after this write
     "depends": ("Depends", lambda x, y: mx.depends(x + 1, y * 2) * 3, (X, X)),
-    "dynamic_slice": (
+    "dynamic_slice": (  # in bounds: MLX does not clamp a dynamic start (a size of 3 on axis 1
+        # read a row past its end, so both sides held whatever memory was there: flaky)
         "DynamicSlice",
-        lambda x, s: mx.slice(x, s, axes=(1, 2), slice_size=(2, 3, 2)),
+        lambda x, s: mx.slice(x, s, axes=(1, 2), slice_size=(2, 2, 2)),
         (X, mx.array([1, 2])),
     ),
     "dynamic_slice_update": (
