@@ -87,17 +87,18 @@ def run_conversation(args: argparse.Namespace, plan, model, target) -> int:
         print(json.dumps(row, ensure_ascii=False))
     observed = session.observed_peak()
     within = observed <= plan.envelope.provable
+    summary = None if pool is None else session.pool_summary()
     report = {
         "turns": rows,
         "provable_bytes": plan.envelope.provable,
         "observed": {"mlx_peak_bytes": observed},
         "within_envelope": within,
-        "prefix_pool": None if pool is None else session.pool_summary(),
+        "prefix_pool": summary,
         "pool_events": pool_events,  # per turn: blocks hit, saved, evicted; the table after it
     }  # fmt: skip
     if target is not None:
         target.write(json.dumps(report, indent=2).encode() + b"\n")
-    hits = "no prefix pool" if pool is None else pool_line(session.pool_summary())[0]
+    hits = "no prefix pool" if summary is None else pool_line(summary)[0]
     print(
         f"{len(turns)} turns; {hits}; observed MLX peak {observed:,} B, provable "
         f"{plan.envelope.provable:,} B: within envelope: {'yes' if within else 'NO'}",

@@ -102,10 +102,11 @@ class PrefixIndex:
         found = []
         self.stats.lookups += 1
         for end in ends:
-            block = self._by_prefix.get(prompt[:end])
+            key = prompt[:end]
+            block = self._by_prefix.get(key)
             if block is None:
                 break
-            self._by_prefix.move_to_end(prompt[:end])
+            self._by_prefix.move_to_end(key)
             found.append(((end - 1) // t * t, block))  # a chunk starts on a multiple of t
         whole = first is not None and len(found) == len(ends)
         hit = Hit(found, len(prompt) if whole else len(found) * t, first if whole else None)
