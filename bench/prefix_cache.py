@@ -1,11 +1,12 @@
 """Multi-turn chats through `dctms serve` with and without its prefix pool, and mlx_lm.server with
 its prompt cache (issue #31, item 5).
 
-    python bench/prefix_cache.py MODEL_DIR [--conversations 10] [--turns 6] [--json FILE]
+    python bench/prefix_cache.py MODEL_DIR [--conversations 10] [--turns 6] [--think-s S] [--json FILE]
 
 Each conversation is a chat whose every turn re-sends the whole history (the earlier questions and
 the answers the server gave), as a chat client does; the conversations run one after the other, one
-client, greedy, streamed. Both dctms plans use ``--chunk`` (64) as their prefill chunk, the pool's
+client, greedy, streamed. ``--think-s`` is the pause between an answer and the next question (a
+person reading and typing; 0, the default, sends the next turn at once). Both dctms plans use ``--chunk`` (64) as their prefill chunk, the pool's
 block size. Three systems on the same model folder and the same BLAS (OpenBLAS for
 both, see bench/serve_vs_mlx_lm.py): dctms with a plan compiled with ``--prefix-blocks`` (a pool
 large enough for every conversation's history), dctms with the same plan but no pool, and
@@ -70,6 +71,7 @@ def run_system(name: str, argv: list[str], model: str, args) -> dict:
                     if a.error:
                         raise RuntimeError(f"{name}: conversation {k} turn {t + 1}: {a.error}")
                     messages.append({"role": "assistant", "content": a.text})
+                    time.sleep(args.think_s)
                     out["turns"][t].append({"ttft_s": a.ttft_s, "cached": a.cached_tokens})
         out["peak_rss"] = max(rss.values, default=None)
         seen = [s for s in status.values if s]
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conversations", type=int, default=10)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--think-s", type=float, default=0.0,
+                    help="seconds between an answer and the next turn (default 0)")
     ap.add_argument("-N", type=int, default=1024)
     ap.add_argument("--blocks", type=int, default=64)
     # a block is one prefill chunk: chats of a few hundred tokens need blocks finer than the
@@ -139,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run_system(name, argv_, "default_model", args))
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"bench/prefix_cache.py {args.model}: {args.conversations} conversations x "
-          f"{args.turns} turns, {args.max_tokens} tokens per answer, one client; {stamp}")
+          f"{args.turns} turns, {args.max_tokens} tokens per answer, one client, "
+          f"{args.think_s:g} s between an answer and the next turn; {stamp}")
     print("\n".join(table(runs)))
     for r in runs:
         extra = ""

@@ -154,7 +154,8 @@ def pool_line(pool: dict | None) -> list[str]:
     return [
         f"prefix pool: {pool['hit_tokens']} prompt tokens from {pool['hit_blocks']} cached blocks "
         f"({pool['whole_prompt_hits']} prompts held whole: no prefill call), "
-        f"{pool['saved_blocks']} blocks saved, {pool['evictions']} evicted, "
+        f"{pool['saved_blocks']} blocks saved ({pool['history_chunks']} answer chunks prefilled "
+        f"again for a next turn), {pool['evictions']} evicted, "
         f"{pool['used']} of {pool['blocks']} in use"
     ]
 

@@ -17,6 +17,14 @@ static KV state. ``BatchSession`` keeps a queue of requests and a slot table and
    free or still prefilling is fed token 0 at the spare last position (``kv_capacity - 1``), which
    no attention window reaches, so it disturbs nothing.
 
+With a prefix pool, a request that ends at a stop token or ``max_tokens`` keeps its slot a little
+longer as a ``History``: the next turn of a chat re-sends this prompt and answer, so their whole
+chunks go into the pool too. Its decode steps wrote the answer's KV one position at a time, which is
+not bit for bit what a prefill call writes, so each chunk is prefilled again, as the whole chunk a
+later prompt's prefill would run (same tokens, position and length point: the same bits), then
+saved. That runs in step 2's place while no prompt is joining, one chunk per iteration; a request
+that finds no free slot takes a history's slot (the history ends there: what it saved stays).
+
 Every call runs at a verified length point (``runner.lengths``), so the plan's envelope holds
 whatever the mix of busy slots and positions; the observed MLX peak is checked against the provable
 envelope after every call. A sequence leaves its slot at a stop token, ``max_tokens``, or when its
@@ -33,7 +41,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from dctms.runner.execute import PhaseProgram
-from dctms.runner.prefix_cache import PrefixIndex
+from dctms.runner.prefix_cache import PoolEvent, PrefixIndex
 from dctms.runner.prerecord import prefill_chunks
 from dctms.runner.request import Request
 from dctms.runner.session import Generation, Prerecorded, Session
@@ -65,10 +73,22 @@ class Sequence:
     stepped: float = 0.0  # when its latest token was read
     done: bool = False
     finish: str = ""  # "stop", "length" or "cancelled"
+    pool_event: PoolEvent | None = None  # its recorded pass through the prefix pool, if recorded
 
     @property
     def decoding(self) -> bool:
         return self.slot >= 0 and not self.done and self.prefilled == len(self.request.prompt)
+
+
+@dataclass
+class History:
+    """A finished request whose prompt and answer the pool is given in whole chunks, from the
+    chunk its prompt ended in (``at``) to the last whole one (``end``), in its slot."""
+
+    seq: Sequence
+    tokens: tuple[int, ...]
+    at: int
+    end: int
 
 
 @dataclass
@@ -81,6 +101,8 @@ class BatchStats:
     single_steps: int = 0  # decode steps of slot 0 alone (the one-row phase)
     moves: int = 0  # sequences moved to a lower free slot (the steps after compute fewer rows)
     whole_prompt_hits: int = 0  # prompts the pool held whole: no prefill call, the token kept
+    history_chunks: int = 0  # finished turns' chunks prefilled again for the pool (History)
+    histories_cut: int = 0  # histories whose slot a waiting request took before they ended
     peak_observed: int = 0  # the largest observed MLX peak after any call
 
 
@@ -102,6 +124,7 @@ class BatchSession(Session):
         self.decode_one = PhaseProgram(phases["decode_one"]) if "decode_one" in phases else None
         # the prompt-prefix pool (toolkit.prefix_pool), when the plan has one
         self.prefix = None
+        self.histories: dict[int, History] = {}  # slot -> the finished turn it still holds
         if plan.bounds.prefix_blocks > 0:
             self.prefix = PrefixIndex(plan.bounds.prefix_blocks, plan.bounds.prefill_chunk)
             self.save_block = PhaseProgram(phases["save_block"])
@@ -149,12 +172,15 @@ class BatchSession(Session):
             self._prefill_chunk(joining)
             if joining.done:
                 ended.append(joining)
+        elif self.histories:
+            self._history_chunk(self.histories[min(self.histories)])
         decoding = [s for s in self.slots if s is not None and s.decoding]
         if decoding:
             ended += self._decode_step(decoding)
         for seq in ended:
             if 0 <= seq.slot < len(self.slots) and self.slots[seq.slot] is seq:
-                self.slots[seq.slot] = None
+                if not self._keep_history(seq):
+                    self.slots[seq.slot] = None
         return ended
 
     def run_all(self) -> None:
@@ -167,8 +193,11 @@ class BatchSession(Session):
         sequences that ended at once (a whole cached prompt whose first token ends it)."""
         ended = []
         for i, held in enumerate(self.slots):
-            if held is not None and held.done:  # cancelled between iterations
+            if held is not None and held.done and i not in self.histories:  # cancelled meanwhile
                 self.slots[i] = None
+        while self.waiting and None not in self.slots and self.histories:
+            self._end_history(max(self.histories))  # a request before a history: it saved so far
+            self.stats.histories_cut += 1
         while self.waiting and None in self.slots:
             seq = self.waiting.popleft()
             if seq.done:
@@ -181,6 +210,7 @@ class BatchSession(Session):
             for position, block in hit.blocks:
                 self._copy_block(self.load_block, seq.slot, position, block)
             seq.prefilled = seq.cached = seq.generation.cached_tokens = hit.tokens
+            seq.pool_event = hit.event
             if hit.first_token is not None:  # the whole prompt: no prefill call at all
                 self.stats.whole_prompt_hits += 1
                 self._first_token(seq, hit.first_token)
@@ -195,8 +225,10 @@ class BatchSession(Session):
         ``_admit``, so a free slot here means no request is waiting for one."""
         if self.move is None:
             return
-        while True:
-            busy = [i for i, s in enumerate(self.slots) if s is not None]
+        while True:  # a history stays where it is: it is no decode row
+            busy = [
+                i for i, s in enumerate(self.slots) if s is not None and i not in self.histories
+            ]
             free = [i for i, s in enumerate(self.slots) if s is None]
             if not busy or not free or free[0] > busy[-1]:
                 return
@@ -208,18 +240,32 @@ class BatchSession(Session):
 
     def _prefill_chunk(self, seq: Sequence) -> None:
         prompt = seq.request.prompt
+        out, length = self._prefill(prompt, seq.prefilled, seq.slot)
+        self.stats.prefill_calls += 1
+        seq.prefilled += length
+        if seq.prefilled < len(prompt):
+            return
+        token = int(out["next_token"].item())
+        self._first_token(seq, token)  # it goes out before the pool's copies are made
+        if self.prefix is not None:  # keep the prompt's chunks, and the prompt, for later requests
+            for position, block in self.prefix.to_save(prompt, token):
+                self._copy_block(self.save_block, seq.slot, position, block)
+
+    def _prefill(self, tokens: tuple[int, ...], start: int, slot: int) -> tuple[dict, int]:
+        """The prefill call of the chunk of ``tokens`` that starts at ``start`` into ``slot``, at
+        the length point a prompt of these tokens uses for it; its outputs and its token count."""
         chunk = next(
             c
-            for c in prefill_chunks(self.prefill.lengths, self.chunk, len(prompt))
-            if c.start == seq.prefilled
+            for c in prefill_chunks(self.prefill.lengths, self.chunk, len(tokens))
+            if c.start == start
         )
-        piece = list(prompt[chunk.start : chunk.start + chunk.length])
+        piece = list(tokens[chunk.start : chunk.start + chunk.length])
         out = self.prefill.run(
             {
                 "tokens": mx.array([piece + [0] * (chunk.tokens - chunk.length)], dtype=mx.int32),
                 "position": mx.array(chunk.start, dtype=mx.int32),
                 "last_index": mx.array(chunk.length - 1, dtype=mx.int32),
-                "slot": mx.array(seq.slot, dtype=mx.int32),
+                "slot": mx.array(slot, dtype=mx.int32),
             },
             self.weights,
             self.state,
@@ -228,15 +274,46 @@ class BatchSession(Session):
         )
         mx.eval(out["next_token"])
         self._check_peak()
-        self.stats.prefill_calls += 1
-        seq.prefilled += chunk.length
-        if seq.prefilled < len(prompt):
-            return
-        token = int(out["next_token"].item())
-        self._first_token(seq, token)  # it goes out before the pool's copies are made
-        if self.prefix is not None:  # keep the prompt's chunks, and the prompt, for later requests
-            for position, block in self.prefix.to_save(prompt, token):
-                self._copy_block(self.save_block, seq.slot, position, block)
+        return out, chunk.length
+
+    # ---------------------------------------------------------------- finished turns' history
+
+    def _keep_history(self, seq: Sequence) -> bool:
+        """Whether ``seq``, just ended, keeps its slot as a ``History``: a pool, an answer that
+        ran to a stop token or its budget, and a whole chunk of prompt and answer (within the
+        longest prompt, N) the pool does not hold yet."""
+        if self.prefix is None or seq.finish not in ("stop", "length"):
+            return False
+        t = self.chunk
+        tokens = tuple(seq.request.prompt) + tuple(seq.generation.tokens)
+        at = len(seq.request.prompt) // t * t  # the chunk the prompt ended in, prefilled in part
+        end = min(len(tokens), self.plan.bounds.input_tokens) // t * t
+        if all(tokens[:e] in self.prefix for e in range(at + t, end + 1, t)):
+            return False  # nothing new (or no whole chunk at all)
+        self.histories[seq.slot] = History(seq, tokens, at, end)
+        return True
+
+    def _history_chunk(self, history: History) -> None:
+        """The next whole chunk of a finished turn into its slot, then into the pool: loaded when
+        the pool holds it already, else prefilled (the same call a later prompt's prefill runs)
+        and saved."""
+        seq, start = history.seq, history.at
+        key = history.tokens[: start + self.chunk]
+        block = self.prefix.holds(key)
+        if block is not None:
+            self._copy_block(self.load_block, seq.slot, start, block)
+        else:
+            self._prefill(key, start, seq.slot)
+            self.stats.history_chunks += 1
+            for position, saved in self.prefix.save_history(key, seq.pool_event):
+                self._copy_block(self.save_block, seq.slot, position, saved)
+        history.at += self.chunk
+        if history.at >= history.end:
+            self._end_history(seq.slot)
+
+    def _end_history(self, slot: int) -> None:
+        del self.histories[slot]
+        self.slots[slot] = None
 
     def _first_token(self, seq: Sequence, token: int) -> None:
         """``seq``'s prompt is all in its slot: its first token goes out, its decoding starts."""
@@ -342,10 +419,13 @@ class BatchSession(Session):
 
     def pool_summary(self, table: bool = True) -> dict | None:
         """The prefix pool's size, counters and (with ``table``) block table, with the prompts it
-        held whole; None without a pool."""
+        held whole and the finished turns' chunks it was given (``History``); None without a
+        pool."""
         if self.prefix is None:
             return None
-        return {**self.prefix.summary(table), "whole_prompt_hits": self.stats.whole_prompt_hits}
+        stats = self.stats
+        return {**self.prefix.summary(table), "whole_prompt_hits": stats.whole_prompt_hits,
+                "history_chunks": stats.history_chunks, "histories_cut": stats.histories_cut}  # fmt: skip
 
     def held_bytes(self) -> int:
         extra = [a for p in self._extra_programs() for a in p.constants.values()]

@@ -14,6 +14,10 @@ slotted plan decodes greedily only). A part block serves that exact prompt alone
 a free block or another part block's place, and a chunk that any longer prompt can reuse evicts the
 part blocks first.
 
+A finished chat turn gives the pool its *history* too (``save_history``): the whole chunks of its
+prompt and answer, which the runner re-prefills as the chunks they are (``runner.batch``), since the
+next turn of the chat re-sends them and the KV its decode steps wrote is not what a prefill writes.
+
 The pool never grows: when no block is free the least recently used one is evicted (a lookup or a
 save makes a block recent).
 
@@ -45,6 +49,7 @@ class Hit:
     blocks: list[tuple[int, int]]
     tokens: int = 0
     first_token: int | None = None
+    event: PoolEvent | None = None  # the request's recorded pass, while recording
 
 
 @dataclass
@@ -116,6 +121,7 @@ class PrefixIndex:
             event = PoolEvent(len(prompt), hit.tokens, hits=[block for _, block in found])
             self.events.append(event)
             self._open.append((prompt, event))
+            hit.event = event
         return hit
 
     def to_save(
@@ -128,11 +134,40 @@ class PrefixIndex:
         the rest is not saved. With ``first_token`` (the token its prefill chose) the whole prompt
         is kept: a part chunk at its end is saved too, in a free block or a part block's place."""
         t = self.block_tokens
-        out = []
-        event = self._event_for(prompt)
         ends = list(range(t, len(prompt) + 1, t))
         if first_token is not None and len(prompt) % t:
             ends.append(len(prompt))  # the part chunk the prompt ends with
+        return self._save(prompt, ends, first_token, self._event_for(prompt))
+
+    def __contains__(self, prefix: tuple[int, ...]) -> bool:
+        return prefix in self._by_prefix
+
+    def holds(self, prefix: tuple[int, ...]) -> int | None:
+        """The block holding the chunk that ends ``prefix``, made the most recently used; None
+        when the pool does not hold it."""
+        block = self._by_prefix.get(prefix)
+        if block is not None:
+            self._by_prefix.move_to_end(prefix)
+        return block
+
+    def save_history(
+        self, history: tuple[int, ...], event: PoolEvent | None = None
+    ) -> list[tuple[int, int]]:
+        """(position, block) for every whole chunk of ``history`` (a finished request's prompt and
+        answer, written into its slot by whole-chunk prefill calls) not in the pool yet, as
+        ``to_save`` gives them; recorded on ``event``, the request's own pass."""
+        t = self.block_tokens
+        return self._save(history, list(range(t, len(history) + 1, t)), None, event)
+
+    def _save(
+        self,
+        prompt: tuple[int, ...],
+        ends: list[int],
+        first_token: int | None,
+        event: PoolEvent | None,
+    ) -> list[tuple[int, int]]:
+        t = self.block_tokens
+        out = []
         chain = {prompt[:end] for end in ends}
         for end in ends:
             key = prompt[:end]
@@ -148,7 +183,7 @@ class PrefixIndex:
             self._first[prompt] = first_token
         self.stats.saved_blocks += len(out)
         if event is not None:
-            event.saved = [block for _, block in out]
+            event.saved += [block for _, block in out]
             event.table = self.table()
         return out
 

@@ -452,6 +452,8 @@ POOL_GAUGES = [  # (metric, the prefix_pool field, help): models whose plan has 
     ("dctms_prefix_pool_whole_prompt_hits_total", "whole_prompt_hits",
      "prompts the pool held whole: answered without a prefill call"),
     ("dctms_prefix_pool_saved_blocks_total", "saved_blocks", "blocks written with a prompt's chunks"),
+    ("dctms_prefix_pool_history_chunks_total", "history_chunks",
+     "chunks of finished answers prefilled again for the pool (a chat's next turn re-sends them)"),
     ("dctms_prefix_pool_evictions_total", "evictions",
      "blocks taken from the least recently used prefix for a new one (the pool never grows)"),
 ]

@@ -21,7 +21,7 @@ def test_bench_runs_the_conversations_through_every_system(tmp_path: Path) -> No
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "prefix_cache.py"), str(beta.folder),
          "--conversations", "2", "--turns", "3", "--max-tokens", "4", "-N", "512",
-         "--blocks", "32", "--chunk", "16", "--json", str(out)],
+         "--blocks", "32", "--chunk", "16", "--think-s", "0.1", "--json", str(out)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -37,3 +37,4 @@ def test_bench_runs_the_conversations_through_every_system(tmp_path: Path) -> No
     assert all(x["cached"] is None for turn in runs["dctms"]["turns"] for x in turn)
     assert pool["observed_peak"] <= pool["provable"]
     assert "| 3 |" in proc.stdout  # the table's row for turn 3
+    assert "0.1 s between an answer and the next turn" in proc.stdout

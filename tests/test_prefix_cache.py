@@ -82,6 +82,20 @@ def test_a_part_block_never_evicts_a_whole_chunk_and_goes_first() -> None:
     assert index.lookup((5, 5)).first_token is None and index.lookup((7, 7)).first_token == 3
 
 
+def test_a_history_saves_its_whole_chunks_on_the_requests_event() -> None:
+    index = PrefixIndex(blocks=8, block_tokens=4)
+    index.start_recording()
+    prompt = tuple(range(6))
+    hit = index.lookup(prompt)
+    assert hit.event is index.events[0]
+    assert index.to_save(prompt, first_token=50) == [(0, 0), (4, 1)]  # its chunk, its part chunk
+    history = prompt + (50, 51, 52, 53, 54)  # prompt and answer: 11 tokens, 2 whole chunks
+    assert index.save_history(history, hit.event) == [(4, 2)]  # the part chunk's not a whole one
+    assert (index.events[0].saved, index.events[0].table) == ([0, 1, 2], [4, 6, 8] + [None] * 5)
+    assert history[:8] in index and history[:11] not in index  # whole chunks only
+    assert index.lookup(history + (7,)).tokens == 8 and len(index.events) == 2
+
+
 # ------------------------------------------------------------------------------- the runner
 
 
@@ -202,6 +216,90 @@ def test_a_repeated_prompt_prefills_nothing_and_generates_the_same_ids(tiny) -> 
     assert [s.generation.tokens for s in seqs] == [
         alone.generate(validate_request(plain, p, budget)).tokens for p, budget in runs
     ]
+
+
+def test_a_chats_answers_are_reused_by_its_next_turn_with_the_same_ids(tiny) -> None:
+    """Each turn re-sends the history (the prompt, the answer, two new tokens): the chunks that
+    hold an answer come from the pool too (re-prefilled after the turn as the whole chunk the next
+    prompt's prefill would run), and every turn's ids equal the plan without a pool."""
+    from dctms.runner.batch import BatchSession
+    from dctms.runner.load import load_checked_plan
+    from dctms.runner.request import validate_request
+    from dctms.runner.session import Session
+    from dctms.schema.model_folder import open_model_folder
+
+    model = open_model_folder(tiny["model"])
+    pool, plain = load_checked_plan(tiny["pool"]), load_checked_plan(tiny["plain"])
+    rng = random.Random(17)
+    batch = BatchSession(pool, model)
+    prompt, prompts, seqs, history_chunks = [rng.randrange(256) for _ in range(28)], [], [], []
+    for _ in range(6):  # prompts of 28, 36, 44, 52, 60 and 68 tokens, 6 generated each
+        prompts.append(prompt)
+        seqs.append(batch.submit(validate_request(pool, prompt, 6)))
+        batch.run_all()  # the turn, then its history: run_all ends with every slot free
+        history_chunks.append(batch.stats.history_chunks)
+        prompt = prompt + seqs[-1].generation.tokens + [rng.randrange(256) for _ in range(2)]
+    # the histories of 34, 50 and 66 tokens end a whole chunk past their prompt's last one:
+    # turns 2, 4 and 6 find it (a prompt's own chunks alone would give 16, 32 and 48)
+    assert [s.generation.cached_tokens for s in seqs] == [0, 32, 32, 48, 48, 64]
+    assert history_chunks == [1, 1, 2, 2, 3, 3] and batch.slots == [None] * len(batch.slots)
+    assert batch.stats.peak_observed <= pool.envelope.provable
+    del batch
+    alone = Session(plain, model)
+    assert [s.generation.tokens for s in seqs] == [
+        alone.generate(validate_request(plain, p, 6)).tokens for p in prompts
+    ]
+
+
+def test_a_waiting_request_takes_a_historys_slot(tiny) -> None:
+    from dctms.runner.batch import BatchSession
+    from dctms.runner.load import load_checked_plan
+    from dctms.runner.request import validate_request
+    from dctms.runner.session import Session
+    from dctms.schema.model_folder import open_model_folder
+
+    model = open_model_folder(tiny["model"])
+    small, plain = load_checked_plan(tiny["small"]), load_checked_plan(tiny["plain"])
+    rng = random.Random(23)
+    a, b, c = ([rng.randrange(256) for _ in range(n)] for n in (28, 20, 21))
+    batch = BatchSession(small, model)
+    first = batch.submit(validate_request(small, a, 6))
+    while not first.done:
+        batch.iterate()
+    assert list(batch.histories) == [first.slot] and batch.busy == 1  # 34 tokens: [16, 32) next
+    later = [batch.submit(validate_request(small, p, 4)) for p in (b, c)]
+    batch.run_all()  # b takes the free slot, c the history's: the history ends unfinished
+    assert batch.stats.histories_cut == 1 and batch.stats.history_chunks == 0
+    assert batch.slots == [None, None] and not batch.histories
+    del batch
+    alone = Session(plain, model)
+    assert [s.generation.tokens for s in later] == [
+        alone.generate(validate_request(plain, p, 4)).tokens for p in (b, c)
+    ]
+
+
+def test_a_cancelled_request_keeps_no_history(tiny) -> None:
+    from dctms.runner.batch import BatchSession
+    from dctms.runner.load import load_checked_plan
+    from dctms.runner.request import validate_request
+    from dctms.schema.model_folder import open_model_folder
+
+    model = open_model_folder(tiny["model"])
+    pool = load_checked_plan(tiny["pool"])
+    batch = BatchSession(pool, model)
+    prompt = [random.Random(5).randrange(256) for _ in range(30)]
+    kept: list[int] = []
+
+    def until_three(token: int) -> bool:
+        kept.append(token)
+        return len(kept) < 3
+
+    seq = batch.submit(validate_request(pool, prompt, 6), on_token=until_three)
+    batch.run_all()  # the client went away after 3 tokens: its answer is no chat's history
+    assert seq.finish == "cancelled" and batch.stats.history_chunks == 0 and not batch.histories
+    same = batch.submit(validate_request(pool, prompt, 6))
+    batch.run_all()  # the same prompt answered in full: 36 tokens, the chunk [16, 32) kept
+    assert (same.finish, batch.stats.history_chunks) == ("length", 1)
 
 
 def test_batch_prompts_that_repeat_are_answered_from_the_pool(tiny, tmp_path) -> None:
@@ -381,6 +479,7 @@ def test_dctms_serve_reuses_the_pool_across_requests(tiny) -> None:
     )
     assert 0 < pool['dctms_prefix_pool_blocks_used{model="m"}'] <= 8
     assert pool['dctms_prefix_pool_evictions_total{model="m"}'] == 0
+    assert pool['dctms_prefix_pool_history_chunks_total{model="m"}'] >= 0  # the series is there
     assert 'dctms_prefix_pool_blocks{model="m"}' not in plain_metrics
     whole = again["usage"]
     assert whole["prompt_tokens_details"]["cached_tokens"] == whole["prompt_tokens"]
