@@ -22,13 +22,9 @@ longer as a ``History``: the next turn of a chat re-sends this prompt and answer
 chunks go into the pool too. Its decode steps wrote the answer's KV one position at a time, which is
 not bit for bit what a prefill call writes, so each chunk is prefilled again, as the whole chunk a
 later prompt's prefill would run (same tokens, position and length point: the same bits), then
-saved. That runs in step 2's place while no prompt is joining, one chunk per iteration; a request
-that finds no free slot takes a history's slot (the history ends there: what it saved stays).
-
-Every call runs at a verified length point (``runner.lengths``), so the plan's envelope holds
-whatever the mix of busy slots and positions; the observed MLX peak is checked against the provable
-envelope after every call. A sequence leaves its slot at a stop token, ``max_tokens``, or when its
-``on_token`` callback returns False (a client that went away).
+saved. It is work done while the batch has nothing else to do: a history runs one chunk per
+iteration only while no request waits or holds a slot, and it ends (what it saved stays) when a
+request arrives or when a running sequence above its slot could move down into it.
 """
 
 from __future__ import annotations
@@ -102,7 +98,7 @@ class BatchStats:
     moves: int = 0  # sequences moved to a lower free slot (the steps after compute fewer rows)
     whole_prompt_hits: int = 0  # prompts the pool held whole: no prefill call, the token kept
     history_chunks: int = 0  # finished turns' chunks prefilled again for the pool (History)
-    histories_cut: int = 0  # histories whose slot a waiting request took before they ended
+    histories_cut: int = 0  # histories ended by a request before their last chunk
     peak_observed: int = 0  # the largest observed MLX peak after any call
 
 
@@ -155,6 +151,13 @@ class BatchSession(Session):
         return sum(s is not None for s in self.slots)
 
     @property
+    def live(self) -> bool:
+        """Requests waiting or in a slot (a ``History`` is not one)."""
+        return bool(self.waiting) or any(
+            s is not None and i not in self.histories for i, s in enumerate(self.slots)
+        )
+
+    @property
     def idle(self) -> bool:
         return not self.waiting and self.busy == 0
 
@@ -172,7 +175,7 @@ class BatchSession(Session):
             self._prefill_chunk(joining)
             if joining.done:
                 ended.append(joining)
-        elif self.histories:
+        elif self.histories and not self.live:
             self._history_chunk(self.histories[min(self.histories)])
         decoding = [s for s in self.slots if s is not None and s.decoding]
         if decoding:
@@ -195,9 +198,8 @@ class BatchSession(Session):
         for i, held in enumerate(self.slots):
             if held is not None and held.done and i not in self.histories:  # cancelled meanwhile
                 self.slots[i] = None
-        while self.waiting and None not in self.slots and self.histories:
-            self._end_history(max(self.histories))  # a request before a history: it saved so far
-            self.stats.histories_cut += 1
+        if self.waiting:  # a request before any history (what they saved stays)
+            self._cut_histories(list(self.histories))
         while self.waiting and None in self.slots:
             seq = self.waiting.popleft()
             if seq.done:
@@ -222,10 +224,13 @@ class BatchSession(Session):
     def _compact(self) -> None:
         """Move the sequence in the highest busy slot to the lowest free one while that one is
         lower: a decode step computes the rows up to the highest busy slot. Called after
-        ``_admit``, so a free slot here means no request is waiting for one."""
+        ``_admit``, so a free slot here means no request is waiting for one. A history in a slot
+        below a running sequence ends first: it must not keep that sequence's rows up."""
         if self.move is None:
             return
-        while True:  # a history stays where it is: it is no decode row
+        live = [i for i, s in enumerate(self.slots) if s is not None and i not in self.histories]
+        self._cut_histories([h for h in self.histories if live and h < live[-1]])
+        while True:
             busy = [
                 i for i, s in enumerate(self.slots) if s is not None and i not in self.histories
             ]
@@ -310,6 +315,11 @@ class BatchSession(Session):
         history.at += self.chunk
         if history.at >= history.end:
             self._end_history(seq.slot)
+
+    def _cut_histories(self, slots: list[int]) -> None:
+        for slot in slots:
+            self._end_history(slot)
+            self.stats.histories_cut += 1
 
     def _end_history(self, slot: int) -> None:
         del self.histories[slot]

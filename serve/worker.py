@@ -104,6 +104,9 @@ class ModelLoad:
 
 
 _STOP = object()
+# A finished turn's history (runner.batch.History) waits this long after the last request ended: a
+# client that sends its next request at once (a benchmark, an agent's loop) finds the batch free.
+HISTORY_GRACE_S = 0.05
 SHUTTING_DOWN = "the server is shutting down"
 
 
@@ -223,7 +226,8 @@ class Worker:
             self._ready.set()
             return
         self._ready.set()
-        while self._take_queued(block=not self._pending and not self._batches_busy()):
+        while self._take_queued(block=not self._pending and not self._batches_busy(),
+                                wait_s=HISTORY_GRACE_S if self._histories_left() else None):  # fmt: skip
             self._start_pending()
             self._step_batches()
         self._end_everything()
@@ -249,11 +253,11 @@ class Worker:
         if not self._sessions:
             raise DctmsError("no --plan given: nothing to serve")
 
-    def _take_queued(self, block: bool) -> bool:
-        """Move the queued jobs into ``_pending`` (waiting for one when ``block``); False once
-        the server stops."""
+    def _take_queued(self, block: bool, wait_s: float | None = None) -> bool:
+        """Move the queued jobs into ``_pending`` (waiting for one when ``block``, at most
+        ``wait_s`` when given); False once the server stops."""
         try:
-            job = self._queue.get() if block else self._queue.get_nowait()
+            job = self._queue.get(timeout=wait_s) if block else self._queue.get_nowait()
         except queue.Empty:
             return True
         while True:
@@ -266,7 +270,12 @@ class Worker:
                 return True
 
     def _batches_busy(self) -> bool:
-        return any(not self._sessions[name].idle or held for name, held in self._slots.items())
+        """A batched model has requests waiting or running (its histories are not counted)."""
+        return any(self._sessions[name].live or held for name, held in self._slots.items())
+
+    def _histories_left(self) -> bool:
+        """A batched model has finished turns to give its pool (``runner.batch.History``)."""
+        return any(self._sessions[name].histories for name in self._slots)
 
     def _start_pending(self) -> None:
         """At a step boundary: each pending job (in arrival order) takes a free slot of its

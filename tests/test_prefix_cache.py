@@ -251,7 +251,9 @@ def test_a_chats_answers_are_reused_by_its_next_turn_with_the_same_ids(tiny) -> 
     ]
 
 
-def test_a_waiting_request_takes_a_historys_slot(tiny) -> None:
+def test_a_request_ends_the_histories_and_runs_as_without_them(tiny) -> None:
+    """A history is work for an idle batch: a request that arrives ends it, and so does a
+    running sequence in a slot above it (it moves down instead); the ids stay the plan's."""
     from dctms.runner.batch import BatchSession
     from dctms.runner.load import load_checked_plan
     from dctms.runner.request import validate_request
@@ -261,20 +263,28 @@ def test_a_waiting_request_takes_a_historys_slot(tiny) -> None:
     model = open_model_folder(tiny["model"])
     small, plain = load_checked_plan(tiny["small"]), load_checked_plan(tiny["plain"])
     rng = random.Random(23)
-    a, b, c = ([rng.randrange(256) for _ in range(n)] for n in (28, 20, 21))
+    a, b, c, d = ([rng.randrange(256) for _ in range(n)] for n in (28, 20, 21, 30))
     batch = BatchSession(small, model)
     first = batch.submit(validate_request(small, a, 6))
     while not first.done:
         batch.iterate()
-    assert list(batch.histories) == [first.slot] and batch.busy == 1  # 34 tokens: [16, 32) next
-    later = [batch.submit(validate_request(small, p, 4)) for p in (b, c)]
-    batch.run_all()  # b takes the free slot, c the history's: the history ends unfinished
-    assert batch.stats.histories_cut == 1 and batch.stats.history_chunks == 0
-    assert batch.slots == [None, None] and not batch.histories
+    assert list(batch.histories) == [0] and batch.busy == 1 and not batch.live  # [16, 32) next
+    runs = [(b, 4), (c, 4)]
+    later = [batch.submit(validate_request(small, p, n)) for p, n in runs]
+    batch.run_all()  # b and c arrive: the history ends before its chunk
+    assert (batch.stats.histories_cut, batch.stats.history_chunks) == (1, 0)
+    # d (30 tokens, 2 generated: a whole chunk [16, 32) to give) ends in slot 0 while b runs on
+    # in slot 1: its history ends, b moves down into slot 0
+    runs += [(d, 2), (b, 6)]
+    later += [batch.submit(validate_request(small, p, n)) for p, n in runs[2:]]
+    moves = batch.stats.moves
+    batch.run_all()
+    assert (batch.stats.histories_cut, batch.stats.history_chunks) == (2, 0)
+    assert batch.stats.moves == moves + 1 and batch.slots == [None, None] and not batch.histories
     del batch
     alone = Session(plain, model)
     assert [s.generation.tokens for s in later] == [
-        alone.generate(validate_request(plain, p, 4)).tokens for p in (b, c)
+        alone.generate(validate_request(plain, p, n)).tokens for p, n in runs
     ]
 
 
