@@ -69,7 +69,7 @@ def run_conversation(args: argparse.Namespace, plan, model, target) -> int:
         try:
             if isinstance(session, BatchSession):
                 seq = session.submit(request)
-                session.run_all()
+                session.run_all(histories=True)  # the next turn re-sends this answer
                 gen, cached = seq.generation, seq.cached
             else:
                 gen = session.generate(request)

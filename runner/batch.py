@@ -24,7 +24,9 @@ not bit for bit what a prefill call writes, so each chunk is prefilled again, as
 later prompt's prefill would run (same tokens, position and length point: the same bits), then
 saved. It is work done while the batch has nothing else to do: a history runs one chunk per
 iteration only while no request waits or holds a slot, and it ends (what it saved stays) when a
-request arrives or when a running sequence above its slot could move down into it.
+request arrives or when a running sequence above its slot could move down into it. ``run_all``
+returns when the requests have ended; ``run_all(histories=True)`` (a chat whose next turn follows)
+also waits for the histories.
 """
 
 from __future__ import annotations
@@ -186,9 +188,11 @@ class BatchSession(Session):
                     self.slots[seq.slot] = None
         return ended
 
-    def run_all(self) -> None:
-        """Iterate until every submitted request has ended."""
-        while not self.idle:
+    def run_all(self, histories: bool = False) -> None:
+        """Iterate until every submitted request has ended, and with ``histories`` until the
+        finished turns' histories have given the pool their chunks too (a chat's next turn is
+        coming; otherwise they wait for an idle moment, or for a request to end them)."""
+        while self.live or (histories and self.histories):
             self.iterate()
 
     def _admit(self) -> list[Sequence]:
@@ -304,14 +308,18 @@ class BatchSession(Session):
         and saved."""
         seq, start = history.seq, history.at
         key = history.tokens[: start + self.chunk]
-        block = self.prefix.holds(key)
-        if block is not None:
-            self._copy_block(self.load_block, seq.slot, start, block)
-        else:
-            self._prefill(key, start, seq.slot)
-            self.stats.history_chunks += 1
-            for position, saved in self.prefix.save_history(key, seq.pool_event):
-                self._copy_block(self.save_block, seq.slot, position, saved)
+        try:
+            block = self.prefix.holds(key)
+            if block is not None:
+                self._copy_block(self.load_block, seq.slot, start, block)
+            else:
+                self._prefill(key, start, seq.slot)
+                self.stats.history_chunks += 1
+                for position, saved in self.prefix.save_history(key, seq.pool_event):
+                    self._copy_block(self.save_block, seq.slot, position, saved)
+        except BaseException:  # e.g. EnvelopeExceeded: the caller hears it once, not per retry
+            self._end_history(seq.slot)
+            raise
         history.at += self.chunk
         if history.at >= history.end:
             self._end_history(seq.slot)

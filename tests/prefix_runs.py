@@ -59,7 +59,7 @@ def record_fixed_run(plan_path: Path, model_path: Path) -> dict:
     events = []
     for turn, prompt in enumerate(fixed_prompts(), 1):
         session.submit(validate_request(plan, prompt, 2))
-        session.run_all()
+        session.run_all(histories=True)  # as --conversation: the next turn follows
         events += [{"turn": turn, **e.as_json(pool.block_tokens)} for e in pool.events]
         pool.events.clear()
     return {"prefix_pool": pool.summary(), "pool_events": events}

@@ -233,16 +233,20 @@ def test_a_chats_answers_are_reused_by_its_next_turn_with_the_same_ids(tiny) -> 
     rng = random.Random(17)
     batch = BatchSession(pool, model)
     prompt, prompts, seqs, history_chunks = [rng.randrange(256) for _ in range(28)], [], [], []
+    pending = []
     for _ in range(6):  # prompts of 28, 36, 44, 52, 60 and 68 tokens, 6 generated each
         prompts.append(prompt)
         seqs.append(batch.submit(validate_request(pool, prompt, 6)))
-        batch.run_all()  # the turn, then its history: run_all ends with every slot free
+        batch.run_all()  # the turn: its history waits for an idle moment
+        pending.append(bool(batch.histories))
+        batch.run_all(histories=True)  # that moment: every slot is free after it
         history_chunks.append(batch.stats.history_chunks)
         prompt = prompt + seqs[-1].generation.tokens + [rng.randrange(256) for _ in range(2)]
     # the histories of 34, 50 and 66 tokens end a whole chunk past their prompt's last one:
     # turns 2, 4 and 6 find it (a prompt's own chunks alone would give 16, 32 and 48)
     assert [s.generation.cached_tokens for s in seqs] == [0, 32, 32, 48, 48, 64]
-    assert history_chunks == [1, 1, 2, 2, 3, 3] and batch.slots == [None] * len(batch.slots)
+    assert pending == [True, False] * 3 and history_chunks == [1, 1, 2, 2, 3, 3]
+    assert batch.slots == [None] * len(batch.slots)
     assert batch.stats.peak_observed <= pool.envelope.provable
     del batch
     alone = Session(plain, model)
@@ -308,7 +312,7 @@ def test_a_cancelled_request_keeps_no_history(tiny) -> None:
     batch.run_all()  # the client went away after 3 tokens: its answer is no chat's history
     assert seq.finish == "cancelled" and batch.stats.history_chunks == 0 and not batch.histories
     same = batch.submit(validate_request(pool, prompt, 6))
-    batch.run_all()  # the same prompt answered in full: 36 tokens, the chunk [16, 32) kept
+    batch.run_all(histories=True)  # the same prompt answered in full: 36 tokens, [16, 32) kept
     assert (same.finish, batch.stats.history_chunks) == ("length", 1)
 
 
