@@ -505,3 +505,29 @@ def test_dctms_serve_reuses_the_pool_across_requests(tiny) -> None:
     assert [a["choices"][0]["message"]["content"] for a in (first, second)] == [
         a["choices"][0]["message"]["content"] for a in (plain_first, plain_second)
     ]
+
+
+def test_dctms_serve_gives_the_pool_an_answers_chunks_while_idle(tiny) -> None:
+    """A prompt one token short of a chunk boundary: whatever the answer, prompt and answer end a
+    whole chunk past the prompt's last one, which the idle server prefills again for the pool."""
+    import time
+
+    from serve_helpers import ServerProcess, metric_series
+
+    series = 'dctms_prefix_pool_history_chunks_total{model="m"}'
+    server = ServerProcess(["--plan", f"m={tiny['pool']}={tiny['model']}"])
+    try:
+        probe = _chat(server.url, [{"role": "user", "content": "x"}])["usage"]["prompt_tokens"]
+        time.sleep(1)  # the probe's own history, if it has one, runs now
+        before = metric_series(server.url)[series]
+        # the tiny model's byte tokenizer: one token per character of the message
+        text = "y" * (1 + (15 - probe) % 16 + 16)
+        usage = _chat(server.url, [{"role": "user", "content": text}])["usage"]
+        assert usage["prompt_tokens"] % 16 == 15
+        deadline, after = time.monotonic() + 30, before
+        while after == before and time.monotonic() < deadline:
+            time.sleep(0.1)
+            after = metric_series(server.url)[series]
+    finally:
+        server.close()
+    assert after - before == 1
