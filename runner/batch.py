@@ -17,6 +17,11 @@ static KV state. ``BatchSession`` keeps a queue of requests and a slot table and
    free or still prefilling is fed token 0 at the spare last position (``kv_capacity - 1``), which
    no attention window reaches, so it disturbs nothing.
 
+Every call runs at a verified length point (``runner.lengths``), so the plan's envelope holds
+whatever the mix of busy slots and positions; the observed MLX peak is checked against the provable
+envelope after every call. A sequence leaves its slot at a stop token, ``max_tokens``, or when its
+``on_token`` callback returns False (a client that went away).
+
 With a prefix pool, a request that ends at a stop token or ``max_tokens`` keeps its slot a little
 longer as a ``History``: the next turn of a chat re-sends this prompt and answer, so their whole
 chunks go into the pool too. Its decode steps wrote the answer's KV one position at a time, which is
