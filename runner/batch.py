@@ -160,9 +160,11 @@ class BatchSession(Session):
     @property
     def live(self) -> bool:
         """Requests waiting or in a slot (a ``History`` is not one)."""
-        return bool(self.waiting) or any(
-            s is not None and i not in self.histories for i, s in enumerate(self.slots)
-        )
+        return bool(self.waiting or self._live_slots())
+
+    def _live_slots(self) -> list[int]:
+        """The slots that hold a request (not a ``History``), lowest first."""
+        return [i for i, s in enumerate(self.slots) if s is not None and i not in self.histories]
 
     @property
     def idle(self) -> bool:
@@ -237,12 +239,10 @@ class BatchSession(Session):
         below a running sequence ends first: it must not keep that sequence's rows up."""
         if self.move is None:
             return
-        live = [i for i, s in enumerate(self.slots) if s is not None and i not in self.histories]
+        live = self._live_slots()
         self._cut_histories([h for h in self.histories if live and h < live[-1]])
         while True:
-            busy = [
-                i for i, s in enumerate(self.slots) if s is not None and i not in self.histories
-            ]
+            busy = self._live_slots()
             free = [i for i, s in enumerate(self.slots) if s is None]
             if not busy or not free or free[0] > busy[-1]:
                 return

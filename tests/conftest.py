@@ -317,4 +317,3 @@ def cli_compile(shared_cache):
         return proc, folder / "compiled.plan", int(peak.read_text()) if peak.exists() else 0
 
     return compiled
-
