@@ -5,8 +5,8 @@ Usage: .venv/bin/python bench/compile_time.py [CONFIG ...] [-N 2048] [-M 256] [-
 
 For each config (default: the checked-in ones, plans/configs) it starts a fresh interpreter that
 imports the compiler (timed), compiles once (cold: mlx-lm's model classes and every in-process
-cache loaded for the first time) and then --warm more times in the same process (warm; the
-compiler keeps no cache on disk, so a new `dctms compile` always pays the cold figure). Each
+cache loaded for the first time) and then --warm more times in the same process (warm). These runs
+pack every phase (the packing cache, ``toolkit.pack.memo``, is off for them). Each
 compile is split into the compiler's steps, measured by wrapping the passes' functions:
 
   trace      pass 1: build the model with lazy weights, trace each phase at its bound (and 1c/1d)
@@ -20,7 +20,9 @@ compile is split into the compiler's steps, measured by wrapping the passes' fun
   other      the rest (weights fingerprint, envelope, ...)
 
 It also times the whole `dctms compile` command in a fresh process (interpreter start and
-imports included) and checks that the plan it writes is byte-identical to the in-process one.
+imports included) and checks that the plan it writes is byte-identical to the in-process one; then
+twice more over an empty packing cache of its own, and prints the second (the phases read from
+the cache, as a repeated `dctms compile`, `check` or `fit` of the same config finds them).
 With ``--fit MEMORY`` it also times ``dctms fit CONFIG --memory MEMORY -M <M> --search chunk`` in a
 fresh process (its compiles are probes without length points, ``cli/commands/fit.py``).
 Length points left to pass 3 are spread over DCTMS_COMPILE_JOBS forked workers (opt-in, Linux).
@@ -120,12 +122,13 @@ def _measure(config: str, n: int, m: int, warm: int) -> dict:
     return {"runs": runs}
 
 
-def _cli_time(config: str, n: int, m: int, out: Path) -> tuple[float, float]:
+def _cli_time(config: str, n: int, m: int, out: Path, cache: str = "off") -> tuple[float, float]:
     start = _clocks()
     subprocess.run(
         [sys.executable, "-m", "dctms.cli.main", "compile", config, "-N", str(n), "-M", str(m)]
         + ["-o", str(out), "-q"],
         check=True,
+        env={**os.environ, "DCTMS_PACK_CACHE": cache},
     )
     end = _clocks()
     return end[0] - start[0], end[1] - start[1]
@@ -154,6 +157,7 @@ def main() -> None:
     ap.add_argument("--fit", metavar="MEMORY", help="also time `dctms fit --search chunk`")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure in this process
     args = ap.parse_args()
+    os.environ["DCTMS_PACK_CACHE"] = "off"  # the steps' figures pack (the children inherit it)
     if args.one:
         print(json.dumps(_measure(args.one, args.N, args.M, args.warm)))
         return
@@ -189,9 +193,14 @@ def main() -> None:
             plan = Path(tmp) / "plan"
             wall, cpu = _cli_time(config, args.N, args.M, plan)
             digest = hashlib.sha256(plan.read_bytes()).hexdigest()
-        same = {digest} == {run["sha256"] for run in result["runs"]}
+            cache = str(Path(tmp) / "packings")
+            _cli_time(config, args.N, args.M, plan, cache)
+            cached_wall, cached_cpu = _cli_time(config, args.N, args.M, plan, cache)
+            same_cached = hashlib.sha256(plan.read_bytes()).hexdigest() == digest
+        same = {digest} == {run["sha256"] for run in result["runs"]} and same_cached
         print(
             f"{name:<28}`dctms compile` in a fresh process: {wall:.2f} s wall, {cpu:.2f} s CPU; "
+            f"again with its packings cached: {cached_wall:.2f} s wall, {cached_cpu:.2f} s CPU; "
             f"plans {'identical' if same else 'DIFFER'} across runs"
         )
         if args.fit:

@@ -76,6 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # workers: 53 s with 2 threads, 46 and 47 s with 1 (2026-12-03, the 2-core machine).
         # Workers and every subprocess inherit it; a value the caller set is kept.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    _share_a_packing_cache()
     program = os.path.basename(sys.argv[0]) if sys.argv else ""
     if program not in ("pytest", "py.test", "__main__.py") or planned_preload() is None:
         return
@@ -83,6 +84,26 @@ def pytest_configure(config: pytest.Config) -> None:
     if capture is not None:
         capture.stop_global_capturing()  # the new process must write to the real stdout/stderr
     reexec_with_fast_blas()
+
+
+_PACK_CACHE_OWNER = "DCTMS_TEST_PACK_CACHE_OWNER"
+
+
+def _share_a_packing_cache() -> None:
+    """One packing cache (toolkit.pack.memo) for the run: its workers and every ``dctms`` they
+    start share it, and it starts empty (never the user's ~/.cache). The same compiles recur across
+    modules and processes, so each distinct phase is packed once a run (47 of the 172 CPU seconds
+    the suite spent packing went to repeats, 2026-12-03). A folder the caller set is kept."""
+    if os.environ.get("DCTMS_PACK_CACHE") is None:
+        import tempfile
+
+        os.environ["DCTMS_PACK_CACHE"] = tempfile.mkdtemp(prefix="dctms-test-packings-")
+        os.environ[_PACK_CACHE_OWNER] = str(os.getpid())  # the same pid after the BLAS re-exec
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if os.environ.get(_PACK_CACHE_OWNER) == str(os.getpid()):
+        shutil.rmtree(os.environ["DCTMS_PACK_CACHE"], ignore_errors=True)
 
 
 # ------------------------------------------------------------------- parallel runs (pytest-xdist)

@@ -93,8 +93,10 @@ def test_structure_reports_period_peaks_and_window():
 def test_every_family_phase_within_one_percent_or_its_structure_explained():
     planner = _planner()
     # real_lengths=False: the phases at the bound are the same graphs and the same packing problems
-    # (the length grid's extra traces do not enter the arena); 4x faster than the default.
-    rows = planner.family_rows(FAMILIES, real_lengths=False)
+    # (the length grid's extra traces do not enter the arena); 4x faster than the default. Without
+    # the bench's second packing of every phase (its greedy and time columns): the compiled arena
+    # is what is asserted, and the packing work halves (25 of 78 s profiled, 2026-12-03).
+    rows = planner.family_rows(FAMILIES, real_lengths=False, repack=False)
     assert {r["family"] for r in rows if r["phase"] is None} == REFUSED
     seen = set()
     for r in rows:

@@ -130,7 +130,8 @@ def test_the_plan_has_three_streams_and_one_envelope(vlm) -> None:
     assert env.total == env.weights + env.kv + env.persistent + env.intermediate + env.runtime
 
 
-def test_compiling_twice_gives_identical_bytes(vlm, tmp_path) -> None:
+def test_compiling_twice_gives_identical_bytes(vlm, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DCTMS_PACK_CACHE", "off")  # packed again, not read from the cache
     family, plan, folder = vlm
     n, (h, w), _ = FAMILIES[family]
     rc = main(["compile", str(folder), "-N", str(n), "-M", str(M), "--images", str(K),

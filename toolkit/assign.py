@@ -6,7 +6,8 @@
 * ``pack``: offsets in a single arena. Greedy best-fit over several orders first
   (``pack.greedy``, the TFLite/XLA practice); when the best order misses the lower bound, an exact
   branch-and-bound (``pack.search``) looks for a smaller arena within a work budget and may prove
-  the result optimal. Offsets and sizes are rounded up to the alignment.
+  the result optimal. Offsets and sizes are rounded up to the alignment. The answer is kept on
+  disk (``pack.memo``): packing the same phase again reads it.
 * ``lower_bound``: max over slots of the aligned bytes live in that slot: no packing can beat it.
 
 Intervals are inclusive slot ranges ``(s, e)``; two tensors conflict when ``a0 <= b1 and b0 <= a1``.
@@ -20,6 +21,7 @@ import heapq
 from collections.abc import Sequence
 
 from dctms.schema.sizes import align_up
+from dctms.toolkit.pack.memo import cached_solve
 from dctms.toolkit.pack.problem import live_max, make_problem
 from dctms.toolkit.pack.solve import Packing, solve
 
@@ -70,11 +72,12 @@ def pack(
     alignment: int,
     seconds: float = 0.0,
 ) -> Packing:
-    """Arena offsets for tensors live over inclusive slot ranges; see ``solve``."""
+    """Arena offsets for tensors live over inclusive slot ranges; see ``solve`` (through the
+    packing cache, ``pack.memo``: the same answer, packed once per machine)."""
     problem = make_problem(
         [s for s, _ in intervals],
         [e + 1 for _, e in intervals],
         [align_up(sz, alignment) for sz in sizes],
         alignment,
     )
-    return solve(problem, seconds)
+    return cached_solve(problem, seconds)
