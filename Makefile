@@ -53,10 +53,13 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) --cov --cov-report= --cov-fail-under=$(COVERAGE_FLOOR)
 
-# The quick local loop: everything but the tests marked slow.
+# The quick local loop: everything but the tests marked slow. Its packing cache (toolkit.pack.memo)
+# stays between runs in .pack-cache/ (git-ignored; `make test` starts from an empty one each run):
+# the suite's compiles then skip the packer's search on a second run (128.5 s against 142.1 s,
+# 2026-12-03 18:45, the 2-core development machine).
 test-quick: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow"
+	DCTMS_PACK_CACHE=$(CURDIR)/.pack-cache $(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -79,4 +82,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/tui_startup.py
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .ruff_cache .hypothesis *.egg-info .coverage .coverage.*
+	rm -rf $(VENV) site .pytest_cache .ruff_cache .hypothesis *.egg-info .coverage .coverage.* .pack-cache
