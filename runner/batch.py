@@ -128,6 +128,9 @@ class BatchSession(Session):
         # the prompt-prefix pool (toolkit.prefix_pool), when the plan has one
         self.prefix = None
         self.histories: dict[int, History] = {}  # slot -> the finished turn it still holds
+        # Whether finished turns keep their slot as histories (False: the idle batch does no work;
+        # `dctms serve --no-pool-answers`), so a next turn finds its answer in the pool.
+        self.keep_answers = True
         if plan.bounds.prefix_blocks > 0:
             self.prefix = PrefixIndex(plan.bounds.prefix_blocks, plan.bounds.prefill_chunk)
             self.save_block = PhaseProgram(phases["save_block"])
@@ -296,7 +299,7 @@ class BatchSession(Session):
         """Whether ``seq``, just ended, keeps its slot as a ``History``: a pool, an answer that
         ran to a stop token or its budget, and a whole chunk of prompt and answer (within the
         longest prompt, N) the pool does not hold yet."""
-        if self.prefix is None or seq.finish not in ("stop", "length"):
+        if self.prefix is None or not self.keep_answers or seq.finish not in ("stop", "length"):
             return False
         t = self.chunk
         tokens = tuple(seq.request.prompt) + tuple(seq.generation.tokens)

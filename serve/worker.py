@@ -112,10 +112,17 @@ SHUTTING_DOWN = "the server is shutting down"
 
 class Worker:
     def __init__(
-        self, specs: list[tuple[PlanSpec, Plan]], max_queue: int = 64, prerecord: bool = False
+        self,
+        specs: list[tuple[PlanSpec, Plan]],
+        max_queue: int = 64,
+        prerecord: bool = False,
+        pool_answers: bool = True,
     ):
         self._specs = specs
         self.max_queue = max_queue
+        # A prefix pool's sessions prefill a finished turn's answer again while idle (histories,
+        # ``runner.batch``); False leaves the batch idle between requests.
+        self.pool_answers = pool_answers
         # Record every verified length point's graphs while loading (``Session.prerecord``), so
         # no request pays for a point's first use (``--prerecord``); False: each on its first use.
         self.prerecord = prerecord
@@ -240,6 +247,8 @@ class Worker:
             warm_chat_template(tokenizer)
             batched = slotted(plan.bounds)
             session = (BatchSession if batched else Session)(plan, folder)
+            if batched:
+                session.keep_answers = self.pool_answers
             self._sessions[spec.name] = session
             if self.prerecord:
                 self.recorded[spec.name] = session.prerecord()

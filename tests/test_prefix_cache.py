@@ -255,6 +255,36 @@ def test_a_chats_answers_are_reused_by_its_next_turn_with_the_same_ids(tiny) -> 
     ]
 
 
+def test_without_pool_answers_a_chat_finds_its_prompts_chunks_only(tiny) -> None:
+    """``keep_answers = False`` (serve --no-pool-answers): no history, so each turn finds the
+    previous prompt's whole chunks only, and the ids are those of the plan without a pool."""
+    from dctms.runner.batch import BatchSession
+    from dctms.runner.load import load_checked_plan
+    from dctms.runner.request import validate_request
+    from dctms.runner.session import Session
+    from dctms.schema.model_folder import open_model_folder
+
+    model = open_model_folder(tiny["model"])
+    pool, plain = load_checked_plan(tiny["pool"]), load_checked_plan(tiny["plain"])
+    rng = random.Random(17)
+    batch = BatchSession(pool, model)
+    batch.keep_answers = False
+    prompt, prompts, seqs = [rng.randrange(256) for _ in range(28)], [], []
+    for _ in range(6):  # the chat of the test above
+        prompts.append(prompt)
+        seqs.append(batch.submit(validate_request(pool, prompt, 6)))
+        batch.run_all(histories=True)
+        assert not batch.histories
+        prompt = prompt + seqs[-1].generation.tokens + [rng.randrange(256) for _ in range(2)]
+    assert [s.generation.cached_tokens for s in seqs] == [0, 16, 32, 32, 48, 48]
+    assert batch.stats.history_chunks == 0
+    del batch
+    alone = Session(plain, model)
+    assert [s.generation.tokens for s in seqs] == [
+        alone.generate(validate_request(plain, p, 6)).tokens for p in prompts
+    ]
+
+
 def test_a_request_ends_the_histories_and_runs_as_without_them(tiny) -> None:
     """A history is work for an idle batch: a request that arrives ends it, and so does a
     running sequence in a slot above it (it moves down instead); the ids stay the plan's."""
@@ -507,15 +537,17 @@ def test_dctms_serve_reuses_the_pool_across_requests(tiny) -> None:
     ]
 
 
-def test_dctms_serve_gives_the_pool_an_answers_chunks_while_idle(tiny) -> None:
+@pytest.mark.parametrize("flags, chunks", [([], 1), (["--no-pool-answers"], 0)])
+def test_dctms_serve_gives_the_pool_an_answers_chunks_while_idle(tiny, flags, chunks) -> None:
     """A prompt one token short of a chunk boundary: whatever the answer, prompt and answer end a
-    whole chunk past the prompt's last one, which the idle server prefills again for the pool."""
+    whole chunk past the prompt's last one, which the idle server prefills again for the pool;
+    with --no-pool-answers it stays idle (given 2 s, ten times what that chunk takes here)."""
     import time
 
     from serve_helpers import ServerProcess, metric_series
 
     series = 'dctms_prefix_pool_history_chunks_total{model="m"}'
-    server = ServerProcess(["--plan", f"m={tiny['pool']}={tiny['model']}"])
+    server = ServerProcess(["--plan", f"m={tiny['pool']}={tiny['model']}", *flags])
     try:
         probe = _chat(server.url, [{"role": "user", "content": "x"}])["usage"]["prompt_tokens"]
         time.sleep(1)  # the probe's own history, if it has one, runs now
@@ -524,10 +556,10 @@ def test_dctms_serve_gives_the_pool_an_answers_chunks_while_idle(tiny) -> None:
         text = "y" * (1 + (15 - probe) % 16 + 16)
         usage = _chat(server.url, [{"role": "user", "content": text}])["usage"]
         assert usage["prompt_tokens"] % 16 == 15
-        deadline, after = time.monotonic() + 30, before
+        deadline, after = time.monotonic() + (30 if chunks else 2), before
         while after == before and time.monotonic() < deadline:
             time.sleep(0.1)
             after = metric_series(server.url)[series]
     finally:
         server.close()
-    assert after - before == 1
+    assert after - before == chunks

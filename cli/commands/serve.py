@@ -77,6 +77,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "waits for a recording, and the resident set is at its largest from the start (the "
         "recorded_graphs term of `dctms resources`)",
     )
+    p.add_argument(
+        "--no-pool-answers",
+        dest="pool_answers",
+        action="store_false",
+        help="with a plan's prefix pool (compile --prefix-blocks): do not prefill a finished "
+        "chat turn's answer again while the server is idle (by default it does, one chunk at a "
+        "time, so the next turn, which re-sends that answer, finds it in the pool); the CPU stays "
+        "idle between requests instead",
+    )
     add_download_flag(p)
     p.set_defaults(func=run)
 
@@ -139,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         list(zip(specs, plans, strict=True)),
         max_queue=args.max_queue,
         prerecord=args.prerecord,
+        pool_answers=args.pool_answers,
     )
     try:
         worker.start()
