@@ -162,9 +162,22 @@ def _metal_model(plan: Plan) -> Plan:
     return nested(plan, "target", memory_model=derive("metal", "apple-m4-16gb"))
 
 
+def _unsplit_qmm(plan: Plan) -> Plan:
+    """A metal plan whose op 2 is a quantised matmul Metal runs as qvm_split_k (one row of 2,048
+    against a weight that is not transposed) charged no scratch (tests/test_metal_qmm.py breaks a
+    compiled metal plan)."""
+    plan = _metal_model(plan)
+    x, w = Constant("c_x", [1, 2048], "float16", [0.0]), Constant("c_w", [2048, 1], "uint32", [0])
+    plan = phase(plan, constants=[*P0(plan).constants, x, w])
+    return op(
+        plan, 2, primitive="QuantizedMatmul", inputs=["c_x", "c_w"], args=[64, 4, "affine", False]
+    )
+
+
 CASES: list[tuple[str, str, Break]] = [
     ("unique_ids", "duplicate tensor id", lambda p: tensor(p, "t2", id="t0")),
     ("memory_model", "a metal model on a cpu target", _metal_model),
+    ("metal_qmm", "a metal qvm_split_k charged no partials", _unsplit_qmm),
     (
         "unique_ids",
         "op output without tensor record",

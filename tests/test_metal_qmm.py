@@ -1,0 +1,109 @@
+"""Metal's split-K quantised matmul partials (schema.metal_qmm), from MLX's source, in the plan."""
+
+from __future__ import annotations
+
+import pytest
+from msgspec.structs import replace
+
+from dctms.schema.metal_qmm import lowest_qmv_limit, metal_qmm_scratch, qmm_partials, qmm_split_k
+from dctms.schema.model_folder import model_from_config
+from dctms.schema.targets import counted, derive
+from dctms.schema.verify import verify_plan
+from dctms.toolkit.compiler import CompileOptions, compile_plan
+from dctms.toolkit.tiny_model import DEMO_CONFIG
+
+AFFINE_T = [64, 4, "affine", True]  # group_size, bits, mode, transpose (an mlx-lm Linear)
+
+
+# Worked by hand from quantized.cpp:1133-1152: tiles = ceil(N/32) * ceil(M/32); split =
+# max(1, 512 // tiles), at most K // max(group_size, 32), lowered until K % (split * align) == 0.
+@pytest.mark.parametrize(
+    ("m", "n", "k", "group", "split"),
+    [
+        (64, 1536, 1536, 64, 4),  # 96 tiles: 5, 1536 % 320 != 0, 4
+        (64, 256, 1536, 64, 24),  # 16 tiles: 32, capped at 1536 // 64 = 24
+        (64, 8960, 1536, 64, 1),  # 560 tiles: 512 // 560 = 0 -> 1, plain qmm
+        (32, 352, 128, 32, 4),  # 11 tiles: 46, capped at 128 // 32 = 4
+        (32, 352, 96, 64, 1),  # 96 // 64 = 1
+    ],
+)
+def test_split_k_follows_mlxs_arithmetic(m, n, k, group, split) -> None:
+    assert qmm_split_k(m, n, k, group) == split
+
+
+def test_the_lowest_qmv_limit_over_every_apple_gpu() -> None:
+    # get_qmv_batch_limit (quantized.cpp:85-141): min over its branches for each size class
+    assert [lowest_qmv_limit(2048, 2048), lowest_qmv_limit(4096, 2049), lowest_qmv_limit(4097, 8)] == [
+        13,
+        10,
+        6,
+    ]
+
+
+def test_partials_where_metal_splits_and_none_elsewhere() -> None:
+    # a prefill chunk against q_proj: [4, 64, 1536] partials of float16
+    assert qmm_partials((1, 64, 1536), (1536, 192), (1, 64, 1536), 2, AFFINE_T) == 4 * 64 * 1536 * 2
+    # a decode row and a 12-row batch go to qmv on every GPU (12 < 13)
+    assert qmm_partials((1, 1, 1536), (1536, 192), (1, 1, 1536), 2, AFFINE_T) == 0
+    assert qmm_partials((12, 1, 1536), (1536, 192), (12, 1, 1536), 2, AFFINE_T) == 0
+    # 13 rows read as one row-contiguous matrix (a 2-D weight): split, though x.shape(-2) is 1
+    assert qmm_partials((13, 1, 1536), (1536, 192), (13, 1, 1536), 2, AFFINE_T) > 0
+    # too many tiles: plain qmm
+    assert qmm_partials((1, 64, 1536), (8960, 192), (1, 64, 8960), 2, AFFINE_T) == 0
+    # not transposed: qvm_split_k below 4 rows from K = 1024 (8 parts; 32 past K = 8192)
+    plain = [64, 4, "affine", False]
+    assert qmm_partials((1, 1, 2048), (2048, 64), (1, 1, 512), 4, plain) == 8 * 512 * 4
+    assert qmm_partials((1, 1, 9000), (9000, 64), (1, 1, 512), 4, plain) == 32 * 512 * 4
+    assert qmm_partials((1, 1, 1000), (1000, 64), (1, 1, 512), 4, plain) == 0
+    assert qmm_partials((1, 4, 2048), (2048, 64), (1, 4, 512), 4, plain) == 0
+
+
+def test_only_a_metal_model_charges_them_as_its_allocator_counts() -> None:
+    shapes, out = [(1, 64, 1536), (1536, 192)], (1, 64, 1536)
+    metal = derive("metal", "apple-m4-16gb")
+    assert metal_qmm_scratch(metal, shapes, out, "float16", AFFINE_T) == counted(
+        metal, 4 * 64 * 1536 * 2
+    )
+    assert metal_qmm_scratch(derive("cuda", "nvidia-h100-sxm"), shapes, out, "float16", AFFINE_T) == 0
+    assert metal_qmm_scratch(None, shapes, out, "float16", AFFINE_T) == 0
+
+
+QUANTISED = {**DEMO_CONFIG, "quantization": {"group_size": 32, "bits": 4}}
+
+
+@pytest.fixture(scope="module")
+def metal_plan():
+    opts = CompileOptions(input_tokens=32, output_tokens=8, target="metal", pack_seconds=0.0)
+    return compile_plan(model_from_config(QUANTISED), opts)
+
+
+def test_a_metal_plan_charges_its_prefills_quantised_matmuls(metal_plan) -> None:
+    assert verify_plan(metal_plan, for_run=False) == []
+    phases = {p.name: p for p in metal_plan.phases}
+    prefill = phases["prefill"]
+    shape = {t.id: t.shape for t in prefill.tensors} | {b.id: b.shape for b in prefill.inputs}
+    qmm = [op for op in prefill.ops if op.primitive == "QuantizedMatmul"]
+    rows = [shape[op.inputs[0]][-2] for op in qmm]
+    assert sorted(set(rows)) == [1, 32]  # the last layer and the head work on the last row only
+    # 32 rows split on every Apple GPU, one row runs qmv
+    assert [op.scratch > 0 for op in qmm] == [r == 32 for r in rows]
+    decode = [op for op in phases["decode"].ops if op.primitive == "QuantizedMatmul"]
+    assert decode and all(op.scratch == 0 for op in decode)
+    cpu = compile_plan(
+        model_from_config(QUANTISED), CompileOptions(input_tokens=32, output_tokens=8, pack_seconds=0.0)
+    )
+    cpu_scratch = {op.primitive: 0 for op in cpu.phases[0].ops}
+    for op in cpu.phases[0].ops:
+        cpu_scratch[op.primitive] += op.scratch
+    assert sum(op.scratch for op in qmm) > cpu_scratch["QuantizedMatmul"]
+
+
+def test_the_verifier_refuses_a_quantised_matmul_charged_less(metal_plan) -> None:
+    phase = metal_plan.phases[0]
+    k = next(i for i, op in enumerate(phase.ops) if op.primitive == "QuantizedMatmul")
+    ops = list(phase.ops)
+    ops[k] = replace(ops[k], scratch=ops[k].scratch - 1)
+    broken = replace(metal_plan, phases=[replace(phase, ops=ops), *metal_plan.phases[1:]])
+    problems = [p for p in verify_plan(broken, for_run=False) if p.rule == "metal_qmm"]
+    assert len(problems) == 1 and f"ops[{k}].scratch" in problems[0].path
+    assert "partial sums" in problems[0].message
