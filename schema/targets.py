@@ -85,7 +85,7 @@ NOT_MODELLED = {
         "which attention path MLX's cuda backend takes and cuDNN's workspace (a fused op is "
         "charged the larger of its composite's and a kernel's copies of every input)",
         "temporaries the GPU kernels allocate themselves (split-K matmul partials, multi-pass "
-        "reductions and sorts)",
+        "reductions and sorts; a quantised matmul's transposed scales and biases are modelled)",
         "MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER set above their defaults",
         "running into MLX's memory limit",
         "the CUDA context, cudaMallocAsync pool reserve and CUDA graphs (outside MLX's count)",

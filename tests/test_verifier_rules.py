@@ -164,8 +164,8 @@ def _metal_model(plan: Plan) -> Plan:
 
 def _unsplit_qmm(plan: Plan) -> Plan:
     """A metal plan whose op 2 is a quantised matmul Metal runs as qvm_split_k (one row of 2,048
-    against a weight that is not transposed) charged no scratch (tests/test_metal_qmm.py breaks a
-    compiled metal plan)."""
+    against a weight that is not transposed) charged no scratch (tests/test_gpu_qmm.py breaks a
+    compiled GPU plan)."""
     plan = _metal_model(plan)
     x, w = Constant("c_x", [1, 2048], "float16", [0.0]), Constant("c_w", [2048, 1], "uint32", [0])
     plan = phase(plan, constants=[*P0(plan).constants, x, w])
@@ -177,7 +177,7 @@ def _unsplit_qmm(plan: Plan) -> Plan:
 CASES: list[tuple[str, str, Break]] = [
     ("unique_ids", "duplicate tensor id", lambda p: tensor(p, "t2", id="t0")),
     ("memory_model", "a metal model on a cpu target", _metal_model),
-    ("metal_qmm", "a metal qvm_split_k charged no partials", _unsplit_qmm),
+    ("gpu_qmm", "a metal qvm_split_k charged no partials", _unsplit_qmm),
     (
         "unique_ids",
         "op output without tensor record",

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
 from dctms.schema.fast_ops import FUSED, scratch_bytes
-from dctms.schema.metal_qmm import metal_qmm_scratch
+from dctms.schema.gpu_qmm import gpu_qmm_scratch
 from dctms.schema.sizes import FREE_RUN_AHEAD, ITEMSIZE, nbytes, run_ahead_end
 from dctms.schema.targets import kernel_ops
 from dctms.schema.types import MemoryModel
@@ -282,10 +282,10 @@ def op_cost(
             kernel_copies(primitive, inputs),
         )
     if primitive == "QuantizedMatmul" and rules.model is not None:
-        # Metal's split-K kernels' partials (schema.metal_qmm), beside the inputs' copies.
-        scratch += metal_qmm_scratch(
-            rules.model, [layout.shape for layout in inputs], out_shapes[0],
-            facts.in_dtypes[pos][0], args,
+        # What the GPU's kernels allocate beside the inputs' copies (schema.gpu_qmm).
+        scratch += gpu_qmm_scratch(
+            rules.model, [layout.shape for layout in inputs], facts.in_dtypes[pos],
+            out_shapes[0], args,
         )  # fmt: skip
     if rules.kernels:
         views_only = bool(mem.effects) and all(e.kind == "view" for e in mem.effects)

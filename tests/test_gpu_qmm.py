@@ -1,11 +1,17 @@
-"""Metal's split-K quantised matmul partials (schema.metal_qmm), from MLX's source, in the plan."""
+"""What a quantised matmul's GPU kernels allocate (schema.gpu_qmm), from MLX's source, in the plan."""
 
 from __future__ import annotations
 
 import pytest
 from msgspec.structs import replace
 
-from dctms.schema.metal_qmm import lowest_qmv_limit, metal_qmm_scratch, qmm_partials, qmm_split_k
+from dctms.schema.gpu_qmm import (
+    cuda_qmm_copies,
+    gpu_qmm_scratch,
+    lowest_qmv_limit,
+    qmm_partials,
+    qmm_split_k,
+)
 from dctms.schema.model_folder import model_from_config
 from dctms.schema.targets import counted, derive
 from dctms.schema.verify import verify_plan
@@ -58,23 +64,40 @@ def test_partials_where_metal_splits_and_none_elsewhere() -> None:
     assert qmm_partials((1, 4, 2048), (2048, 64), (1, 4, 512), 4, plain) == 0
 
 
-def test_only_a_metal_model_charges_them_as_its_allocator_counts() -> None:
-    shapes, out = [(1, 64, 1536), (1536, 192)], (1, 64, 1536)
-    metal = derive("metal", "apple-m4-16gb")
-    assert metal_qmm_scratch(metal, shapes, out, "float16", AFFINE_T) == counted(
-        metal, 4 * 64 * 1536 * 2
-    )
-    assert metal_qmm_scratch(derive("cuda", "nvidia-h100-sxm"), shapes, out, "float16", AFFINE_T) == 0
-    assert metal_qmm_scratch(None, shapes, out, "float16", AFFINE_T) == 0
+def test_each_target_charges_its_own_as_its_allocator_counts() -> None:
+    ins = [(1, 64, 1536), (1536, 192), (1536, 24), (1536, 24)]  # x, w, scales, biases
+    dtypes = ["float16", "uint32", "float16", "float16"]
+    out = (1, 64, 1536)
+    metal, cuda = derive("metal", "apple-m4-16gb"), derive("cuda", "nvidia-h100-sxm")
+    assert gpu_qmm_scratch(metal, ins, dtypes, out, AFFINE_T) == counted(metal, 4 * 64 * 1536 * 2)
+    copy = 1536 * 24 * 2  # qmm_sm90 transposes the scales and the biases
+    assert gpu_qmm_scratch(cuda, ins, dtypes, out, AFFINE_T) == 2 * counted(cuda, copy)
+    assert gpu_qmm_scratch(None, ins, dtypes, out, AFFINE_T) == 0
+
+
+def test_cuda_copies_only_where_qmm_sm90_runs() -> None:
+    ins = [(1, 64, 1536), (1536, 192), (1536, 24), (1536, 24)]
+    dtypes = ["float16", "uint32", "float16", "float16"]
+    assert cuda_qmm_copies(ins, dtypes, (1, 64, 1536), AFFINE_T) == [73728, 73728]
+    one_row = [(1, 1, 1536), *ins[1:]]
+    assert cuda_qmm_copies(one_row, dtypes, (1, 1, 1536), AFFINE_T) == []  # qmv
+    assert cuda_qmm_copies(ins[:3], dtypes[:3], (1, 64, 1536), AFFINE_T) == []  # no biases
+    assert cuda_qmm_copies(ins, dtypes, (1, 64, 1536), [64, 4, "affine", False]) == []
+    odd_k = [(1, 64, 1504), (1536, 188), (1536, 24), (1536, 24)]
+    assert cuda_qmm_copies(odd_k, dtypes, (1, 64, 1536), AFFINE_T) == []  # K % 64 != 0
 
 
 QUANTISED = {**DEMO_CONFIG, "quantization": {"group_size": 32, "bits": 4}}
 
 
+def _gpu_plan(target: str):
+    opts = CompileOptions(input_tokens=32, output_tokens=8, target=target, pack_seconds=0.0)
+    return compile_plan(model_from_config(QUANTISED), opts)
+
+
 @pytest.fixture(scope="module")
 def metal_plan():
-    opts = CompileOptions(input_tokens=32, output_tokens=8, target="metal", pack_seconds=0.0)
-    return compile_plan(model_from_config(QUANTISED), opts)
+    return _gpu_plan("metal")
 
 
 def test_a_metal_plan_charges_its_prefills_quantised_matmuls(metal_plan) -> None:
@@ -98,12 +121,26 @@ def test_a_metal_plan_charges_its_prefills_quantised_matmuls(metal_plan) -> None
     assert sum(op.scratch for op in qmm) > cpu_scratch["QuantizedMatmul"]
 
 
-def test_the_verifier_refuses_a_quantised_matmul_charged_less(metal_plan) -> None:
-    phase = metal_plan.phases[0]
-    k = next(i for i, op in enumerate(phase.ops) if op.primitive == "QuantizedMatmul")
+def test_a_cuda_plan_charges_its_prefills_quantised_matmuls_the_copies() -> None:
+    plan = _gpu_plan("cuda")
+    assert verify_plan(plan, for_run=False) == []
+    prefill = plan.phases[0]
+    shape = {t.id: t.shape for t in prefill.tensors} | {b.id: b.shape for b in prefill.inputs}
+    shape |= {c.id: c.shape for c in prefill.constants}
+    for op in (op for op in prefill.ops if op.primitive == "QuantizedMatmul"):
+        rows = shape[op.inputs[0]][-2]
+        # 32 rows of K = 128 (a multiple of 64): qmm_sm90 copies scales and biases; one row: qmv
+        assert (op.scratch > 0) == (rows == 32 and shape[op.inputs[0]][-1] % 64 == 0), op
+
+
+@pytest.mark.parametrize("target", ["metal", "cuda"])
+def test_the_verifier_refuses_a_quantised_matmul_charged_less(metal_plan, target) -> None:
+    plan = metal_plan if target == "metal" else _gpu_plan("cuda")
+    phase = plan.phases[0]
+    k = next(i for i, op in enumerate(phase.ops) if op.primitive == "QuantizedMatmul" and op.scratch)
     ops = list(phase.ops)
     ops[k] = replace(ops[k], scratch=ops[k].scratch - 1)
-    broken = replace(metal_plan, phases=[replace(phase, ops=ops), *metal_plan.phases[1:]])
-    problems = [p for p in verify_plan(broken, for_run=False) if p.rule == "metal_qmm"]
+    broken = replace(plan, phases=[replace(phase, ops=ops), *plan.phases[1:]])
+    problems = [p for p in verify_plan(broken, for_run=False) if p.rule == "gpu_qmm"]
     assert len(problems) == 1 and f"ops[{k}].scratch" in problems[0].path
-    assert "partial sums" in problems[0].message
+    assert ("partial sums" if target == "metal" else "transposed scales") in problems[0].message
