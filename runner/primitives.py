@@ -477,13 +477,16 @@ def _rms_norm(args: list, x: list[mx.array]) -> mx.array:
 
 
 def _rope(args: list, x: list[mx.array]) -> mx.array:
-    # fast::RoPE [dims, traditional, base, scale, forward]; inputs: x, offset (int32)
+    # fast::RoPE [dims, traditional, base, scale, forward]; inputs: x, offset (int32)[, freqs
+    # (float32, dims / 2; then MLX ignores base)]
     dims, traditional, base, scale, forward = args
     if not forward:
         raise DctmsError(f"unsupported primitive RoPE {args_to_plain(args)}: the inverse rotation")
+    freqs = x[2] if len(x) > 2 else None
     return mx.fast.rope(
-        x[0], int(dims), traditional=bool(traditional), base=float(base), scale=float(scale),
-        offset=x[1],
+        x[0], int(dims), traditional=bool(traditional),
+        base=None if freqs is not None else float(base), scale=float(scale), offset=x[1],
+        freqs=freqs,
     )  # fmt: skip
 
 

@@ -7,7 +7,9 @@ v0.32.1, the leading nullptr dropped), so a plan traced natively on a GPU would 
 
 * ``RMSNorm [eps]``; inputs ``x, weight`` (fast_primitives.h:67-69);
 * ``RoPE [dims, traditional, base, scale, forward]``; inputs ``x, offset`` (int32, a scalar or one
-  per batch row) (fast_primitives.h:194-197);
+  per batch row) and, for a rotation of given frequencies (llama3 scaling), ``freqs`` (float32,
+  ``dims / 2``; base is then recorded as 1.0 and unused, fast.cpp:538-556)
+  (fast_primitives.h:194-197);
 * ``ScaledDotProductAttention [scale, do_causal, has_sinks, output_logsumexp]``; inputs
   ``q, k, v`` and, for an array mask, the mask broadcast to ``[B, n_q_heads, L, S]``
   (fast_primitives.h:252-255; the broadcast is made before the primitive, fast.cpp:806-808).
@@ -67,8 +69,15 @@ def problem(prim: str, args: list, ins: list[Shape], dtypes: list[str]) -> str |
                 "scale (float), forward (bool)]"
             )
         dims = args[0]
-        if len(ins) != 2 or len(ins[0]) < 3:
-            return f"inputs {[list(s) for s in ins]}: RoPE takes x (3 or more axes) and an offset"
+        if len(ins) not in (2, 3) or len(ins[0]) < 3:
+            return (
+                f"inputs {[list(s) for s in ins]}: RoPE takes x (3 or more axes), an offset "
+                "and optionally freqs"
+            )
+        if len(ins) == 3 and (
+            tuple(ins[2]) != (dims // 2,) or (len(dtypes) > 2 and dtypes[2] != "float32")
+        ):
+            return f"freqs {list(ins[2])} {dtypes[2] if len(dtypes) > 2 else '?'}: float32 of dims / 2"
         if dims <= 0 or dims % 2 or dims > ins[0][-1]:
             return f"dims {dims}: positive, even and at most x's last axis {ins[0][-1]}"
         if len(ins[1]) > 1 or math.prod(ins[1]) not in (1, ins[0][0]):

@@ -159,6 +159,12 @@ def test_runner_handlers_equal_the_composite_on_the_cpu() -> None:
     got = apply_op(ROPE, [32, False, 10000.0, 1.0, True], [x, off], [x.shape], ["float32"])[0]
     want = mx.fast.rope(x, 32, traditional=False, base=10000.0, scale=1.0, offset=off)
     assert mx.array_equal(got, want).item()
+    freqs = mx.random.uniform(1.0, 1e4, (16,))  # llama3 scaling: given frequencies, base unused
+    got = apply_op(ROPE, [32, False, 1.0, 1.0, True], [x, off, freqs], [x.shape], ["float32"])[0]
+    want = mx.fast.rope(x, 32, traditional=False, base=None, scale=1.0, offset=off, freqs=freqs)
+    assert mx.array_equal(got, want).item()
+    assert not mx.array_equal(got, apply_op(ROPE, [32, False, 1.0, 1.0, True], [x, off], [x.shape],
+                                            ["float32"])[0]).item()  # fmt: skip
     q, k = mx.random.normal((1, 4, 3, 32)), mx.random.normal((1, 2, 7, 32))
     mask = mx.broadcast_to(mx.array([True] * 7), (1, 4, 3, 7))
     got = apply_op(SDPA, [0.25, False, False, False], [q, k, k, mask], [q.shape], ["float32"])[0]
@@ -176,8 +182,11 @@ def test_runner_refuses_an_unsupported_fused_op_in_one_line() -> None:
         apply_op(SDPA, [1.0, False, True, False], [x, x, x], [x.shape], ["float32"])
 
 
-def test_a_fused_plan_runs_with_ids_equal_to_the_plain_plan(tmp_path: Path) -> None:
-    folder = write_tiny_model(tmp_path / "m", DEMO_CONFIG)
+@pytest.mark.parametrize("family", ["qwen2", "llama3-rope"])
+def test_a_fused_plan_runs_with_ids_equal_to_the_plain_plan(tmp_path: Path, family: str) -> None:
+    # llama3-rope: its RoPE ops take the scaled frequencies as a third input (mx.fast.rope freqs)
+    config = DEMO_CONFIG if family == "qwen2" else {**DEMO_CONFIG, **COMPILER_FAMILIES[family]}
+    folder = write_tiny_model(tmp_path / "m", config)
     reports = {}
     for name, extra in (("plain", []), ("fused", ["--fused"])):
         plan = tmp_path / f"{name}.plan"
@@ -256,6 +265,19 @@ def test_a_broken_fused_op_is_refused(plans: dict[str, Plan], how, breaker) -> N
     assert "fused_kernels" in {p.rule for p in problems}, f"{how}: {[str(p) for p in problems]}"
 
 
+def test_a_rope_whose_freqs_do_not_fit_is_refused() -> None:
+    from tiny_configs import BASE
+
+    config = {**BASE, **FAMILIES["llama3-rope"], "torch_dtype": "float32"}
+    plan = compile_plan(model_from_config(config), CompileOptions(24, 8, pack_seconds=0.0, fused=True))
+    assert verify_plan(plan) == []
+    k = _fused_op(plan, ROPE)
+    x, offset, _ = plan.phases[0].ops[k].inputs
+    broken = _op(plan, k, inputs=[x, offset, offset])  # an int32 scalar as the frequencies
+    problems = [p for p in verify_plan(broken) if p.rule == "fused_kernels"]
+    assert problems and "freqs" in problems[0].message
+
+
 def test_the_metal_two_pass_attention_partials_are_charged() -> None:
     # one query row over 4096 keys, 8 query heads on 2 key heads, head dim 128 (the vector kernel)
     q, k = (1, 8, 1, 128), (1, 2, 4096, 128)
@@ -324,7 +346,7 @@ FAMILIES = {
     "qwen3": {"model_type": "qwen3", "head_dim": 48, "tie_word_embeddings": False},  # q/k norms
     "phi3": {"model_type": "phi3"},
     "olmo2": {"model_type": "olmo2"},
-    # llama3's rope scaling passes freqs to mx.fast.rope: that composite is left as it is
+    # llama3's rope scaling passes freqs to mx.fast.rope: a RoPE op with a third input
     "llama3-rope": COMPILER_FAMILIES["llama3-rope"],
 }
 
@@ -341,6 +363,8 @@ def test_families_compile_with_their_kernels_fused(family: str, target: str | No
     for phase in plan.phases:
         found = _fast(phase)
         assert found[SDPA] == layers
-        assert found[ROPE] == (0 if family == "llama3-rope" else 2 * layers)
+        assert found[ROPE] == 2 * layers
+        ropes = [op for op in phase.ops if op.primitive == ROPE]
+        assert {len(op.inputs) for op in ropes} == {3 if family == "llama3-rope" else 2}
         norms = 2 * layers + 1 + (2 * layers if family in ("qwen3", "olmo2") else 0)
         assert found[RMS_NORM] == norms

@@ -131,18 +131,28 @@ def _rope(g: Graph, concat: TracedOp):
     if theta is None:
         return
     pos = g.made_by(_skip(g, theta.inputs[0], "Broadcast", "ExpandDims"), "Multiply")
-    inv = g.made_by(_skip(g, theta.inputs[1], "Broadcast"), "Exp")
-    if pos is None or inv is None:
+    inv_freqs = _skip(g, theta.inputs[1], "Broadcast")
+    inv = g.made_by(inv_freqs, "Exp")  # from the base: exp(arange * -log(base) / half)
+    # or from a freqs array (llama3 scaling): reciprocal(freqs), MLX's divide(1, freqs)
+    recip = g.made_by(inv_freqs, "Divide")
+    freqs = recip.inputs[1] if recip is not None and g.scalar(recip.inputs[0]) == 1.0 else None
+    if pos is None or (inv is None and freqs is None):
         return
     scale = g.scalar(pos.inputs[1])
     added = g.made_by(pos.inputs[0], "Add")
-    freq = g.made_by(inv.inputs[0], "Multiply")
-    if scale is None or added is None or freq is None:
+    if scale is None or added is None:
         return
-    log_step = g.scalar(freq.inputs[1])
     offset = _skip(g, added.inputs[1], "Broadcast", "AsType", "ExpandDims")
-    if log_step is None or offset is None:
+    if offset is None:
         return
+    if inv is None:
+        bases, extra = [1.0], (freqs,)  # MLX records base 1.0 when freqs are given (fast.cpp:547)
+    else:
+        freq = g.made_by(inv.inputs[0], "Multiply")
+        log_step = g.scalar(freq.inputs[1]) if freq is not None else None
+        if log_step is None:
+            return
+        bases, extra = _bases(log_step, dims // 2), ()
     out = concat.outputs[0]
     reshaped = g.sole_reader(out, "Reshape")
     outs = [out, reshaped.outputs[0]] if reshaped is not None else [out]
@@ -151,10 +161,12 @@ def _rope(g: Graph, concat: TracedOp):
     lifted = g.made_by(x, "ExpandDims", "Flatten")
     if lifted is not None:
         xs.append(lifted.inputs[0])
-    for base in _bases(log_step, dims // 2):
+    for base in bases:
         for xx in xs:
             for o in outs:
-                yield Candidate(ROPE, (dims, traditional, base, scale, True), (xx, offset), o)
+                yield Candidate(
+                    ROPE, (dims, traditional, base, scale, True), (xx, offset, *extra), o
+                )
 
 
 def _skip(g: Graph, t: str, *prims: str) -> str:

@@ -137,9 +137,11 @@ def reference(cand_key: tuple) -> TracedPhase | None:
             return mx.fast.rms_norm(xs[0], xs[1], args[0])
         if primitive == ROPE:
             dims, traditional, base, scale, _ = args
+            freqs = xs[2] if len(xs) > 2 else None
             return mx.fast.rope(
-                xs[0], dims, traditional=traditional, base=base, scale=scale, offset=xs[1]
-            )
+                xs[0], dims, traditional=traditional, base=None if freqs is not None else base,
+                scale=scale, offset=xs[1], freqs=freqs,
+            )  # fmt: skip
         mask = xs[3] if len(xs) > 3 else ("causal" if args[1] else None)
         return mx.fast.scaled_dot_product_attention(xs[0], xs[1], xs[2], scale=args[0], mask=mask)
 
