@@ -64,6 +64,16 @@ def test_partials_where_metal_splits_and_none_elsewhere() -> None:
     assert qmm_partials((1, 4, 2048), (2048, 64), (1, 4, 512), 4, plain) == 0
 
 
+def test_a_quantised_caches_attention_values_split_over_long_windows() -> None:
+    # mlx-lm's quantized_scaled_dot_product_attention: probabilities [B, kv heads, repeats, L, S]
+    # times the packed values [B, kv heads, 1, S, D * bits / 32], not transposed. One query row
+    # over 2,048 positions: qvm_split_k's 8 parts of the [1, 2, 2, 1, 64] output; 512: qvm.
+    plain = [64, 4, "affine", False]
+    out = (1, 2, 2, 1, 64)
+    assert qmm_partials((1, 2, 2, 1, 2048), (1, 2, 1, 2048, 8), out, 2, plain) == 8 * 256 * 2
+    assert qmm_partials((1, 2, 2, 1, 512), (1, 2, 1, 512, 8), out, 2, plain) == 0
+
+
 def test_each_target_charges_its_own_as_its_allocator_counts() -> None:
     ins = [(1, 64, 1536), (1536, 192), (1536, 24), (1536, 24)]  # x, w, scales, biases
     dtypes = ["float16", "uint32", "float16", "float16"]
