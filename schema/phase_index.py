@@ -40,6 +40,14 @@ class PhaseIndex:
         """Whether the id is defined outside the ops: a phase input binding or a constant."""
         return tensor_id in self.inputs or tensor_id in self.constants
 
+    def shapes_and_dtypes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Every id the phase defines (tensors, input bindings, constants): its shape and dtype."""
+        phase = self.phase
+        known = {t.id: (tuple(t.shape), t.dtype) for t in phase.tensors}
+        known.update({b.id: (tuple(b.shape), b.dtype) for b in phase.inputs})
+        known.update({c.id: (tuple(c.shape), c.dtype) for c in phase.constants})
+        return known
+
     def output_ids(self, kind: str) -> set[str]:
         return {b.id for b in self.phase.outputs if b.kind == kind}
 

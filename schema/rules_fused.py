@@ -23,9 +23,7 @@ def fused_kernels(ix: PlanIndex) -> Iterator[Finding]:
     model = ix.plan.target.memory_model
     for px in ix.phases:
         phase = px.phase
-        known = {t.id: (tuple(t.shape), t.dtype) for t in phase.tensors}
-        known.update({b.id: (tuple(b.shape), b.dtype) for b in phase.inputs})
-        known.update({c.id: (tuple(c.shape), c.dtype) for c in phase.constants})
+        known = px.shapes_and_dtypes()
         for k, op in enumerate(phase.ops):
             if op.primitive not in FUSED:
                 continue

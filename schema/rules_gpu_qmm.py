@@ -25,9 +25,7 @@ def gpu_qmm(ix: PlanIndex) -> Iterator[Finding]:
         return
     for px in ix.phases:
         phase = px.phase
-        known = {t.id: (tuple(t.shape), t.dtype) for t in phase.tensors}
-        known.update({b.id: (tuple(b.shape), b.dtype) for b in phase.inputs})
-        known.update({c.id: (tuple(c.shape), c.dtype) for c in phase.constants})
+        known = px.shapes_and_dtypes()
         for k, op in enumerate(phase.ops):
             if op.primitive != "QuantizedMatmul" or len(op.args) < 4 or len(op.outputs) != 1:
                 continue
