@@ -76,8 +76,8 @@ CUDA_OPS = {"nvidia-a100-sxm": 20, "nvidia-h100-sxm": 100, "nvidia-h200-sxm": 10
 
 NOT_MODELLED = {
     "metal": [
-        "temporaries the GPU kernels allocate themselves (split-K partials of unquantised "
-        "matmuls, multi-pass reductions and sorts; a quantised matmul's are modelled)",
+        "temporaries the GPU kernels allocate themselves (multi-pass reductions and sorts; "
+        "matmuls' split-K partials are modelled)",
         "MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER set above their defaults",
         "running into MLX's memory limit (set_memory_limit makes the host wait, it is no cap)",
     ],

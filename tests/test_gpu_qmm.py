@@ -151,6 +151,6 @@ def test_the_verifier_refuses_a_quantised_matmul_charged_less(metal_plan, target
     ops = list(phase.ops)
     ops[k] = replace(ops[k], scratch=ops[k].scratch - 1)
     broken = replace(plan, phases=[replace(phase, ops=ops), *plan.phases[1:]])
-    problems = [p for p in verify_plan(broken, for_run=False) if p.rule == "gpu_qmm"]
+    problems = [p for p in verify_plan(broken, for_run=False) if p.rule == "gpu_matmul"]
     assert len(problems) == 1 and f"ops[{k}].scratch" in problems[0].path
     assert ("partial sums" if target == "metal" else "transposed scales") in problems[0].message

@@ -177,7 +177,7 @@ def _unsplit_qmm(plan: Plan) -> Plan:
 CASES: list[tuple[str, str, Break]] = [
     ("unique_ids", "duplicate tensor id", lambda p: tensor(p, "t2", id="t0")),
     ("memory_model", "a metal model on a cpu target", _metal_model),
-    ("gpu_qmm", "a metal qvm_split_k charged no partials", _unsplit_qmm),
+    ("gpu_matmul", "a metal qvm_split_k charged no partials", _unsplit_qmm),
     (
         "unique_ids",
         "op output without tensor record",

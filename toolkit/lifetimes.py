@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from dctms.schema.aliasing import DONATION_SLACK_BYTES
 from dctms.schema.fast_ops import FUSED, scratch_bytes
-from dctms.schema.gpu_qmm import gpu_qmm_scratch
+from dctms.schema.gpu_matmul import MATMULS, gpu_matmul_scratch
 from dctms.schema.sizes import FREE_RUN_AHEAD, ITEMSIZE, nbytes, run_ahead_end
 from dctms.schema.targets import kernel_ops
 from dctms.schema.types import MemoryModel
@@ -281,10 +281,10 @@ def op_cost(
             args,
             kernel_copies(primitive, inputs),
         )
-    if primitive == "QuantizedMatmul" and rules.model is not None:
-        # What the GPU's kernels allocate beside the inputs' copies (schema.gpu_qmm).
-        scratch += gpu_qmm_scratch(
-            rules.model, [layout.shape for layout in inputs], facts.in_dtypes[pos],
+    if primitive in MATMULS and rules.model is not None:
+        # What the GPU's matmul kernels allocate beside the inputs' copies (schema.gpu_matmul).
+        scratch += gpu_matmul_scratch(
+            rules.model, primitive, [layout.shape for layout in inputs], facts.in_dtypes[pos],
             out_shapes[0], args,
         )  # fmt: skip
     if rules.kernels:
