@@ -79,12 +79,19 @@ def test_a_metal_float_plan_charges_its_split_matmuls_and_verifies(metal_float_p
     assert split and all(op.scratch > 0 for op in split)
 
 
-def test_the_verifier_refuses_a_split_matmul_charged_less(metal_float_plan) -> None:
-    phase = metal_float_plan.phases[0]
-    k = next(i for i, op in enumerate(phase.ops) if op.primitive == "Matmul" and op.scratch)
+def lowered_scratch_problems(plan, primitive: str) -> list:
+    """The verifier's ``gpu_matmul`` findings once the first ``primitive`` op of the first phase
+    that is charged scratch claims one byte less; exactly one, at that op (asserted here)."""
+    phase = plan.phases[0]
+    k = next(i for i, op in enumerate(phase.ops) if op.primitive == primitive and op.scratch)
     ops = list(phase.ops)
     ops[k] = replace(ops[k], scratch=ops[k].scratch - 1)
-    broken = replace(metal_float_plan, phases=[replace(phase, ops=ops), *metal_float_plan.phases[1:]])
+    broken = replace(plan, phases=[replace(phase, ops=ops), *plan.phases[1:]])
     problems = [p for p in verify_plan(broken, for_run=False) if p.rule == "gpu_matmul"]
     assert len(problems) == 1 and f"ops[{k}].scratch" in problems[0].path
-    assert "Matmul" in problems[0].message and "split-K" in problems[0].message
+    return problems
+
+
+def test_the_verifier_refuses_a_split_matmul_charged_less(metal_float_plan) -> None:
+    (problem,) = lowered_scratch_problems(metal_float_plan, "Matmul")
+    assert "Matmul" in problem.message and "split-K" in problem.message
