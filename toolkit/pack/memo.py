@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dctms.schema.cache_home import cache_dir
 from dctms.toolkit.pack.problem import Problem, is_valid, live_max
 from dctms.toolkit.pack.solve import Packing, solve
 
@@ -38,8 +39,7 @@ def cache_folder() -> Path | None:
     chosen = os.environ.get("DCTMS_PACK_CACHE")
     if chosen is not None:
         return None if chosen.strip().lower() in _OFF or not chosen.strip() else Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dctms" / "packings"
+    return cache_dir() / "packings"
 
 
 @functools.cache
