@@ -201,7 +201,9 @@ def test_type_preserving_mutations(tiny_plan_bytes: bytes, data: st.DataObject) 
 @fuzz_settings("agreement")
 @given(data=st.data())
 def test_json_schema_and_msgspec_agree(tiny_plan_bytes: bytes, data: st.DataObject) -> None:
-    """msgspec accepts a document exactly when the JSON Schema does (so the two cannot drift).
+    """msgspec accepts a document exactly when the JSON Schema does (so the two cannot drift),
+    and the schema check that skips the subtrees msgspec accepts finds exactly the problems of
+    JSON Schema's walk of every node.
 
     The one known difference: JSON Schema counts 2.0 as an integer, msgspec does not.
     """
@@ -211,7 +213,9 @@ def test_json_schema_and_msgspec_agree(tiny_plan_bytes: bytes, data: st.DataObje
     version = document.get("schema_version") if isinstance(document, dict) else None
     if type(version) is not int or version != SCHEMA_VERSION:
         return
-    schema_ok = not schema_problems(document)
+    every = schema_problems(document, every_node=True)
+    assert schema_problems(document) == every
+    schema_ok = not every
     try:
         msgspec.json.decode(mutated, type=Plan)
         msgspec_ok, why = True, ""
@@ -220,7 +224,7 @@ def test_json_schema_and_msgspec_agree(tiny_plan_bytes: bytes, data: st.DataObje
     if schema_ok and not msgspec_ok:
         assert why.startswith("Expected `int`, got `float`"), why
     else:
-        assert schema_ok == msgspec_ok, why or schema_problems(document)
+        assert schema_ok == msgspec_ok, why or every
 
 
 @pytest.mark.parametrize("tag", [[], {}, 3, None, "view"])
@@ -234,6 +238,23 @@ def test_a_tensor_kind_that_is_no_tag_is_named(tiny_plan_bytes: bytes, tag: Any)
     assert problems[0].message.startswith("must be one of"), problems
     with pytest.raises(PlanError, match=r"tensors\[1\]\.kind: must be one of"):
         decode_plan(json.dumps(document).encode())
+
+
+def test_every_bad_subtree_is_listed_though_valid_ones_are_skipped(tiny_plan_bytes: bytes) -> None:
+    """The schema check skips the subtrees msgspec accepts and walks the others whole: three
+    errors in three places (a tensor without its tag, an op's bad field, a bound out of range)
+    are all listed, as JSON Schema's walk of every node lists them."""
+    document = json.loads(tiny_plan_bytes)
+    del document["phases"][0]["tensors"][2]["kind"]
+    document["phases"][0]["ops"][1]["inputs"] = "t0"
+    document["bounds"]["input_tokens"] = "eight"
+    problems = schema_problems(document)
+    assert [p.path for p in problems] == [
+        "$.bounds.input_tokens",
+        "$.phases[0].ops[1].inputs",
+        "$.phases[0].tensors[2].kind",
+    ], problems
+    assert problems == schema_problems(document, every_node=True)
 
 
 # ------------------------------------------------------------------------------------- byte mutations
