@@ -135,3 +135,27 @@ def test_a_compile_reads_its_phases_from_the_cache(folder, tmp_path, monkeypatch
     monkeypatch.setattr(memo, "solve", lambda *_: pytest.fail("packed again"))
     assert main([*argv, str(tmp_path / "b.plan")]) == 0
     assert (tmp_path / "a.plan").read_bytes() == (tmp_path / "b.plan").read_bytes()
+
+
+def test_the_folder_keeps_the_most_recently_used_entries(folder, monkeypatch):
+    """Past MAX_ENTRIES a write removes the least recently used quarter: an entry read lately
+    stays, the oldest unread ones go."""
+    monkeypatch.setattr(memo, "MAX_ENTRIES", 4)
+    problems = [_problem(seed) for seed in range(5)]
+    for k, p in enumerate(problems[:4]):
+        memo.cached_solve(p, SECONDS)
+        for i, path in enumerate(sorted(_entries(folder), key=os.path.getmtime)):
+            os.utime(path, ns=(10**9 * i, 10**9 * i))  # written one second apart, in order
+        assert len(_entries(folder)) == k + 1
+    oldest = min(_entries(folder), key=os.path.getmtime)
+    first = folder / (memo.entry_key(problems[0], SECONDS) + ".json")
+    assert oldest == first
+    memo.cached_solve(problems[0], SECONDS)  # read: now the most recently used
+    assert os.path.getmtime(first) > max(
+        os.path.getmtime(e) for e in _entries(folder) if e != first
+    )
+    second = folder / (memo.entry_key(problems[1], SECONDS) + ".json")
+    memo.cached_solve(problems[4], SECONDS)  # the fifth entry: down to three
+    left = _entries(folder)
+    assert len(left) == 3 and first in left and second not in left
+    assert folder / (memo.entry_key(problems[4], SECONDS) + ".json") in left

@@ -11,7 +11,10 @@ recomputed); anything else -- a missing, truncated or altered file -- is packed 
 rewritten. The cache never fails a compile: a folder that cannot be read or written is skipped.
 
 Where: ``$DCTMS_PACK_CACHE`` (``off`` turns it off), else ``$XDG_CACHE_HOME/dctms/packings``,
-else ``~/.cache/dctms/packings``. Entries are small (about ten bytes per buffer).
+else ``~/.cache/dctms/packings``. Entries are small (about ten bytes per buffer), and the folder is
+bounded: a read entry's modification time is renewed, and a write that takes the folder past
+``MAX_ENTRIES`` removes the least recently used quarter (entries an earlier packer wrote, which no
+key reaches any more, go first as they are never read).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from dctms.toolkit.pack.solve import Packing, solve
 
 # Smaller problems pack faster than an entry is hashed, read and checked.
 MIN_BUFFERS = 16
+# Entries kept (a few kB each: about 25 MB in all); past it the least recently used quarter goes.
+MAX_ENTRIES = 4096
 _OFF = ("off", "0", "no", "false")
 
 
@@ -68,10 +73,32 @@ def cached_solve(p: Problem, seconds: float = 0.0) -> Packing:
     path = folder / (entry_key(p, seconds) + ".json")
     kept = _read(path, p)
     if kept is not None:
+        _touch(path)
         return kept
     packing = solve(p, seconds)
     _write(path, packing)
+    _evict(folder, MAX_ENTRIES)
     return packing
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)  # recently used: the last to be evicted
+    except OSError:
+        pass
+
+
+def _evict(folder: Path, keep: int) -> None:
+    """Past ``keep`` entries, remove the least recently used ones down to three quarters of it."""
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.endswith(".json")]
+        if len(entries) <= keep:
+            return
+        entries.sort(key=lambda e: (e.stat().st_mtime_ns, e.name))
+        for e in entries[: len(entries) - keep * 3 // 4]:
+            Path(e.path).unlink(missing_ok=True)
+    except OSError:
+        pass  # another process evicting at once, or a folder not ours to clean: only larger
 
 
 def _read(path: Path, p: Problem) -> Packing | None:
